@@ -1,0 +1,142 @@
+//! Live capture: the kernel side plus the /proc look-ups that only make sense while the
+//! processes exist (is a new task a thread? what is this fd?). Their answers become events
+//! too, so a recording holds everything replay needs.
+use anyhow::bail;
+
+use super::{
+    CaptureEvent, ProcessInfo, Record,
+    kernel::{KernelCapture, KernelOptions},
+    records,
+};
+use crate::discover::{procfs, sockets};
+
+/// Counts of what the live layer itself could not handle.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LiveStats {
+    pub bad_records: u64,
+    pub vanished_fds: u64,
+}
+
+pub struct LiveCapture {
+    kernel: KernelCapture,
+    pub stats: LiveStats,
+}
+
+impl LiveCapture {
+    /// Load the programs and start tracing `pids` and all their current descendants.
+    /// Returns the capture and a Process event per traced process.
+    pub fn attach(
+        pids: &[u32],
+        options: &KernelOptions,
+    ) -> anyhow::Result<(Self, Vec<CaptureEvent>)> {
+        let own = std::process::id();
+        for &pid in pids {
+            if pid == own {
+                bail!("pid {pid} is infertrace itself; give the pid of an engine process");
+            }
+            if !procfs::exists(pid) {
+                bail!("pid {pid} not found: no such process (check `infertrace discover`)");
+            }
+        }
+        let mut kernel = KernelCapture::load(options)?;
+        let mut events = Vec::new();
+        for &pid in pids {
+            for member in procfs::process_tree(pid) {
+                kernel.track(member)?;
+                if let Some(info) = process_info(member) {
+                    events.push(CaptureEvent::Process(info));
+                }
+            }
+            // A process that exited while we attached: say so plainly instead of tracing nothing.
+            if !procfs::exists(pid) {
+                bail!("pid {pid} exited while infertrace was attaching");
+            }
+        }
+        Ok((
+            Self {
+                kernel,
+                stats: LiveStats::default(),
+            },
+            events,
+        ))
+    }
+
+    /// Drain the ring buffer. Each raw record goes to `raw` (for recording) and, parsed, into
+    /// `out` together with the /proc answers it triggered. Ends with counters and a Tick.
+    pub fn poll(&mut self, out: &mut Vec<CaptureEvent>, mut raw: impl FnMut(&[u8])) {
+        let mut parsed = Vec::new();
+        let mut bad = 0;
+        self.kernel.drain(|bytes| {
+            raw(bytes);
+            match records::parse(bytes) {
+                Ok(record) => parsed.push(record),
+                Err(e) => {
+                    bad += 1;
+                    tracing::warn!("kernel record not understood: {e}");
+                }
+            }
+        });
+        self.stats.bad_records += bad;
+        for record in parsed {
+            self.react(&record, out);
+            out.push(CaptureEvent::Kernel(record));
+        }
+        out.push(CaptureEvent::Counters(self.kernel.counters()));
+        out.push(CaptureEvent::Tick);
+    }
+
+    /// Side effects a record asks for: classify a new fd, drop threads, forget exited processes.
+    fn react(&mut self, record: &Record, out: &mut Vec<CaptureEvent>) {
+        match record {
+            Record::NewFd { header, fd } => {
+                let tgid = header.tgid;
+                match sockets::classify(tgid, *fd) {
+                    Some(kind) => {
+                        if let Err(e) = self.kernel.classify(tgid, *fd, kind.capture()) {
+                            tracing::warn!("{e:#}");
+                        }
+                        out.push(CaptureEvent::Fd {
+                            tgid,
+                            fd: *fd,
+                            kind,
+                        });
+                    }
+                    // Closed before we looked: the kernel forgets it on close.
+                    None => self.stats.vanished_fds += 1,
+                }
+            }
+            Record::Fork { child, .. } => {
+                // The fork tracepoint also fires for new threads; only processes stay tracked.
+                match procfs::tgid_of(*child) {
+                    Some(tgid) if tgid == *child => {
+                        if let Some(info) = process_info(*child) {
+                            out.push(CaptureEvent::Process(info));
+                        }
+                    }
+                    _ => self.kernel.untrack(*child),
+                }
+            }
+            Record::Exec { header, .. } => {
+                if let Some(info) = process_info(header.tgid) {
+                    out.push(CaptureEvent::Process(info));
+                }
+            }
+            Record::Exit { header } => self.kernel.forget_process(header.tgid),
+            Record::Close { .. } | Record::Io { .. } => {}
+        }
+    }
+
+    /// The ring buffer's fd, readable when the kernel forces a wakeup (buffer filling up).
+    pub fn ring_fd(&self) -> i32 {
+        self.kernel.ring_fd()
+    }
+}
+
+pub fn process_info(pid: u32) -> Option<ProcessInfo> {
+    Some(ProcessInfo {
+        pid,
+        ppid: procfs::ppid(pid),
+        comm: procfs::comm(pid)?,
+        cmdline: procfs::cmdline(pid).unwrap_or_default(),
+    })
+}

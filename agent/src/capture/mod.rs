@@ -1,0 +1,38 @@
+//! Stage 1: everything the agent learns from the kernel and from /proc, as a stream of
+//! [`CaptureEvent`]s. Live capture produces it ([`live`]), a recording stores it
+//! ([`recording`]), and replay reads it back, so all later stages run the same either way.
+pub mod kernel;
+pub mod live;
+pub mod recording;
+pub mod records;
+
+use serde::{Deserialize, Serialize};
+
+pub use kernel::KernelCounters;
+pub use records::Record;
+
+use crate::discover::sockets::FdKind;
+
+/// A process the agent traces.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+}
+
+/// One input of the decoding stage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CaptureEvent {
+    /// A kernel record (kept with its raw bytes for recordings).
+    Kernel(Record),
+    /// A process joined the traced set (attached, forked, or exec'd).
+    Process(ProcessInfo),
+    /// What a (process, fd) is, decided from /proc when the kernel first reported the fd.
+    Fd { tgid: u32, fd: u32, kind: FdKind },
+    /// The kernel's loss counters, read after a drain.
+    Counters(KernelCounters),
+    /// End of one drain of the ring buffer: records that were going to arrive have arrived.
+    Tick,
+}

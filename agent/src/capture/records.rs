@@ -1,0 +1,214 @@
+//! Parsing raw ring-buffer records (the `infertrace-common` ABI) into typed values.
+//!
+//! Pure and total: any byte string gives either a record or an error, never a panic, because
+//! recorded files are untrusted input to `infertrace replay`.
+use infertrace_common::{IoRecord, NewFdRecord, ProcRecord, RecordHeader, kind};
+use thiserror::Error;
+
+/// One kernel record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Fork {
+        header: RecordHeader,
+        child: u32,
+        comm: String,
+    },
+    Exec {
+        header: RecordHeader,
+        comm: String,
+    },
+    Exit {
+        header: RecordHeader,
+    },
+    NewFd {
+        header: RecordHeader,
+        fd: u32,
+    },
+    Close {
+        header: RecordHeader,
+        fd: u32,
+    },
+    Io {
+        io: IoRecord,
+        payload: Vec<u8>,
+    },
+}
+
+impl Record {
+    pub fn header(&self) -> &RecordHeader {
+        match self {
+            Record::Fork { header, .. }
+            | Record::Exec { header, .. }
+            | Record::Exit { header }
+            | Record::NewFd { header, .. }
+            | Record::Close { header, .. } => header,
+            Record::Io { io, .. } => &io.header,
+        }
+    }
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("record of {len} bytes is shorter than its {need}-byte header")]
+    Short { len: usize, need: usize },
+    #[error("unknown record kind {0}")]
+    UnknownKind(u32),
+    #[error("IO record says {declared} payload bytes but carries {present}")]
+    PayloadLength { declared: usize, present: usize },
+}
+
+/// Parse one record as the kernel wrote it into the ring buffer.
+pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
+    let header: RecordHeader = read(bytes)?;
+    match header.kind {
+        kind::FORK => {
+            let r: ProcRecord = read(bytes)?;
+            Ok(Record::Fork {
+                header,
+                child: r.child,
+                comm: comm(&r.comm),
+            })
+        }
+        kind::EXEC => {
+            let r: ProcRecord = read(bytes)?;
+            Ok(Record::Exec {
+                header,
+                comm: comm(&r.comm),
+            })
+        }
+        kind::EXIT => Ok(Record::Exit { header }),
+        kind::NEW_FD => Ok(Record::NewFd {
+            header,
+            fd: read::<NewFdRecord>(bytes)?.fd,
+        }),
+        kind::CLOSE => Ok(Record::Close {
+            header,
+            fd: read::<NewFdRecord>(bytes)?.fd,
+        }),
+        kind::IO => {
+            let io: IoRecord = read(bytes)?;
+            let payload = &bytes[size_of::<IoRecord>()..];
+            let declared = io.len as usize;
+            // The ring buffer rounds records up to 8 bytes; extra bytes are padding.
+            if payload.len() < declared {
+                return Err(RecordError::PayloadLength {
+                    declared,
+                    present: payload.len(),
+                });
+            }
+            Ok(Record::Io {
+                io,
+                payload: payload[..declared].to_vec(),
+            })
+        }
+        other => Err(RecordError::UnknownKind(other)),
+    }
+}
+
+/// Copy a `repr(C)` plain-integer struct out of the front of `bytes`.
+fn read<T: Copy + Default>(bytes: &[u8]) -> Result<T, RecordError> {
+    let need = size_of::<T>();
+    if bytes.len() < need {
+        return Err(RecordError::Short {
+            len: bytes.len(),
+            need,
+        });
+    }
+    let mut value = T::default();
+    // SAFETY: T is one of the ABI structs: repr(C), integers and byte arrays only, so every bit
+    // pattern is valid; the source has at least size_of::<T>() bytes; no alignment is assumed.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut value as *mut T).cast::<u8>(), need);
+    }
+    Ok(value)
+}
+
+fn comm(raw: &[u8; 16]) -> String {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+/// Serialise a record back to the kernel's byte layout (tests and tools that synthesise input).
+pub fn encode_io(io: &IoRecord, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(size_of::<IoRecord>() + payload.len());
+    // SAFETY: IoRecord is repr(C) plain data; viewing it as bytes is sound.
+    let head = unsafe {
+        std::slice::from_raw_parts((io as *const IoRecord).cast::<u8>(), size_of::<IoRecord>())
+    };
+    out.extend_from_slice(head);
+    out.extend_from_slice(payload);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infertrace_common::{direction, io_flags};
+
+    fn io(len: u32) -> IoRecord {
+        IoRecord {
+            header: RecordHeader {
+                kind: kind::IO,
+                tgid: 10,
+                tid: 11,
+                _pad: 0,
+                ts_ns: 5,
+            },
+            enter_ns: 4,
+            seq: 7,
+            ret: len as i64,
+            fd: 3,
+            offset: 0,
+            len,
+            syscall: 0,
+            flags: io_flags::LAST,
+            direction: direction::EGRESS,
+            _pad: [0; 7],
+        }
+    }
+
+    #[test]
+    fn io_round_trip_ignores_ring_padding() {
+        let mut bytes = encode_io(&io(3), b"abc");
+        bytes.extend_from_slice(&[0; 5]);
+        match parse(&bytes).unwrap() {
+            Record::Io { io: r, payload } => {
+                assert_eq!(r, io(3));
+                assert_eq!(payload, b"abc");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn short_and_lying_records_are_errors() {
+        assert!(matches!(parse(&[1, 0, 0]), Err(RecordError::Short { .. })));
+        let bytes = encode_io(&io(10), b"abc");
+        assert_eq!(
+            parse(&bytes),
+            Err(RecordError::PayloadLength {
+                declared: 10,
+                present: 3
+            })
+        );
+        let mut unknown = encode_io(&io(0), b"");
+        unknown[0] = 99;
+        assert_eq!(parse(&unknown), Err(RecordError::UnknownKind(99)));
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for len in 0..400 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % 7) as u8
+                })
+                .collect();
+            let _ = parse(&bytes);
+        }
+    }
+}

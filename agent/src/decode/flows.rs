@@ -1,0 +1,405 @@
+//! From captured syscalls to decoded messages: one flow per (process, fd), two ordered byte
+//! streams per flow, one decoder per stream chosen from what the fd is.
+//!
+//! The kernel numbers each direction's syscalls (`seq`) and marks each syscall's last record.
+//! Records are put back in order here, and anything missing (a lost record, a whole lost
+//! syscall, a payload past the capture cap) becomes a `gap` for the decoder, so a decoder never
+//! sees bytes glued across a hole.
+use std::collections::{BTreeMap, HashMap};
+
+use infertrace_common::{IoRecord, direction, io_flags};
+
+use super::{
+    http::{HttpConnection, HttpExchange},
+    zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
+};
+use crate::capture::{CaptureEvent, Record};
+use crate::discover::sockets::FdKind;
+
+/// Ticks an out-of-order syscall may wait for the ones before it before they count as lost.
+const REORDER_TICKS: u32 = 2;
+/// Syscalls held per direction while waiting for a missing one.
+const MAX_PENDING: usize = 4096;
+/// Flows tracked at once; the oldest is dropped (and counted) beyond this.
+const MAX_FLOWS: usize = 16384;
+
+/// What the decoding stage produces.
+#[derive(Debug)]
+pub enum Decoded {
+    Http {
+        tgid: u32,
+        fd: u32,
+        exchange: Box<HttpExchange>,
+    },
+    Zmtp {
+        tgid: u32,
+        fd: u32,
+        outgoing: bool,
+        message: ZmtpMessage,
+    },
+}
+
+/// Counters of everything the stage dropped or repaired.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct FlowStats {
+    pub syscalls: u64,
+    pub bytes: u64,
+    /// Syscalls whose records were incomplete or that never arrived.
+    pub gaps: u64,
+    /// Records that arrived after their syscall had been given up on.
+    pub late_records: u64,
+    /// Bytes of fds later classified as not interesting.
+    pub ignored_bytes: u64,
+    pub flows_evicted: u64,
+}
+
+/// One syscall being put back together from its records.
+#[derive(Default)]
+struct Syscall {
+    ts_ns: u64,
+    data: Vec<u8>,
+    /// A record was missing, unreadable or truncated: data is a valid prefix only.
+    broken: bool,
+    done: bool,
+    waited: u32,
+}
+
+/// One direction of a flow: reorders syscalls by their kernel sequence number.
+#[derive(Default)]
+struct Stream {
+    next_seq: Option<u64>,
+    pending: BTreeMap<u64, Syscall>,
+}
+
+/// What a stream hands to its decoder.
+enum Piece {
+    Data { ts_ns: u64, data: Vec<u8> },
+    Gap,
+}
+
+impl Stream {
+    fn add(&mut self, io: &IoRecord, payload: &[u8], stats: &mut FlowStats) {
+        let next = *self.next_seq.get_or_insert(io.seq);
+        if io.seq < next {
+            stats.late_records += 1;
+            return;
+        }
+        if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&io.seq) {
+            stats.late_records += 1;
+            return;
+        }
+        let call = self.pending.entry(io.seq).or_default();
+        call.ts_ns = io.header.ts_ns;
+        if io.offset as usize != call.data.len() {
+            call.broken = true;
+        } else {
+            call.data.extend_from_slice(payload);
+        }
+        if io.flags & (io_flags::TRUNCATED | io_flags::READ_FAILED) != 0 {
+            call.broken = true;
+        }
+        if io.flags & io_flags::LAST != 0 {
+            call.done = true;
+        }
+    }
+
+    /// Hand over every syscall that is complete and next in order.
+    fn ready(&mut self, out: &mut Vec<Piece>, stats: &mut FlowStats) {
+        while let Some(next) = self.next_seq {
+            match self.pending.first_key_value() {
+                Some((&seq, call)) if seq == next && call.done => {
+                    let call = self.pending.remove(&seq).unwrap_or_default();
+                    self.next_seq = Some(seq + 1);
+                    deliver(call, out, stats);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Called once per drain: give up on syscalls that have been waited for too long.
+    fn tick(&mut self, out: &mut Vec<Piece>, stats: &mut FlowStats) {
+        self.ready(out, stats);
+        let Some(next) = self.next_seq else { return };
+        let Some((&first, _)) = self.pending.first_key_value() else {
+            return;
+        };
+        let waited = {
+            let call = self.pending.get_mut(&first).map(|c| {
+                c.waited += 1;
+                c.waited
+            });
+            call.unwrap_or(0)
+        };
+        if waited < REORDER_TICKS {
+            return;
+        }
+        if first != next {
+            // Whole syscalls [next, first) never arrived.
+            stats.gaps += 1;
+            out.push(Piece::Gap);
+            self.next_seq = Some(first);
+        } else if let Some(mut call) = self.pending.remove(&first) {
+            // Its LAST record never arrived.
+            call.broken = true;
+            self.next_seq = Some(first + 1);
+            deliver(call, out, stats);
+        }
+        self.ready(out, stats);
+    }
+}
+
+impl Stream {
+    /// Deliver everything held, in order, with a gap for each hole (the flow is ending).
+    fn drain_all(&mut self, out: &mut Vec<Piece>, stats: &mut FlowStats) {
+        for (seq, mut call) in std::mem::take(&mut self.pending) {
+            if self.next_seq.is_some_and(|next| next != seq) {
+                stats.gaps += 1;
+                out.push(Piece::Gap);
+            }
+            call.broken |= !call.done;
+            self.next_seq = Some(seq + 1);
+            deliver(call, out, stats);
+        }
+    }
+}
+
+fn deliver(call: Syscall, out: &mut Vec<Piece>, stats: &mut FlowStats) {
+    stats.syscalls += 1;
+    stats.bytes += call.data.len() as u64;
+    if !call.data.is_empty() {
+        out.push(Piece::Data {
+            ts_ns: call.ts_ns,
+            data: call.data,
+        });
+    }
+    if call.broken {
+        stats.gaps += 1;
+        out.push(Piece::Gap);
+    }
+}
+
+/// The decoder(s) of one flow.
+enum Protocol {
+    /// `server_side`: the traced process accepted this connection (ingress = client bytes).
+    Http {
+        conn: Box<HttpConnection>,
+        server_side: bool,
+    },
+    /// One ZMTP stream per direction (index: `direction`).
+    Zmtp(Box<[ZmtpStream; 2]>),
+}
+
+struct Flow {
+    kind: FdKind,
+    protocol: Option<Protocol>,
+    streams: [Stream; 2],
+    last_used: u64,
+}
+
+impl Flow {
+    fn new(kind: FdKind, now: u64) -> Self {
+        let protocol = match &kind {
+            FdKind::Tcp { server_side, .. } => Some(Protocol::Http {
+                conn: Box::default(),
+                server_side: *server_side,
+            }),
+            FdKind::Unix { .. } => Some(Protocol::Zmtp(Box::default())),
+            FdKind::Other { .. } => None,
+        };
+        Self {
+            kind,
+            protocol,
+            streams: Default::default(),
+            last_used: now,
+        }
+    }
+
+    /// Feed ordered pieces of direction `dir` to the decoder.
+    fn decode(&mut self, key: FlowKey, dir: u8, pieces: Vec<Piece>, out: &mut Vec<Decoded>) {
+        let Some(protocol) = self.protocol.as_mut() else {
+            return;
+        };
+        for piece in pieces {
+            match protocol {
+                Protocol::Http { conn, server_side } => {
+                    let from_client = (dir == direction::INGRESS) == *server_side;
+                    let exchanges = match piece {
+                        Piece::Data { ts_ns, data } => conn.feed(from_client, ts_ns, &data),
+                        Piece::Gap => {
+                            conn.gap(from_client);
+                            // The exchange the gap cut short, returned incomplete.
+                            conn.take_ready()
+                        }
+                    };
+                    out.extend(exchanges.into_iter().map(|exchange| Decoded::Http {
+                        tgid: key.0,
+                        fd: key.1,
+                        exchange: Box::new(exchange),
+                    }));
+                }
+                Protocol::Zmtp(streams) => {
+                    let stream = &mut streams[(dir & 1) as usize];
+                    let events = match piece {
+                        Piece::Data { ts_ns, data } => stream.feed(ts_ns, &data),
+                        Piece::Gap => {
+                            stream.gap();
+                            Vec::new()
+                        }
+                    };
+                    out.extend(events.into_iter().filter_map(|event| match event {
+                        ZmtpEvent::Message(message) => Some(Decoded::Zmtp {
+                            tgid: key.0,
+                            fd: key.1,
+                            outgoing: dir == direction::EGRESS,
+                            message,
+                        }),
+                        _ => None,
+                    }));
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, key: FlowKey, ts_ns: u64, out: &mut Vec<Decoded>) {
+        if let Some(Protocol::Http { conn, .. }) = self.protocol.as_mut() {
+            out.extend(conn.close(ts_ns).into_iter().map(|exchange| Decoded::Http {
+                tgid: key.0,
+                fd: key.1,
+                exchange: Box::new(exchange),
+            }));
+        }
+    }
+}
+
+type FlowKey = (u32, u32);
+
+/// All flows of all traced processes.
+#[derive(Default)]
+pub struct FlowTable {
+    flows: HashMap<FlowKey, Flow>,
+    stats: FlowStats,
+    clock: u64,
+}
+
+impl FlowTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn stats(&self) -> FlowStats {
+        self.stats
+    }
+
+    /// Handle one capture event; returns the messages it completed.
+    pub fn handle(&mut self, event: &CaptureEvent) -> Vec<Decoded> {
+        let mut out = Vec::new();
+        match event {
+            CaptureEvent::Fd { tgid, fd, kind } => self.open(*tgid, *fd, kind.clone(), &mut out),
+            CaptureEvent::Kernel(Record::Io { io, payload }) => self.io(io, payload, &mut out),
+            CaptureEvent::Kernel(Record::Close { header, fd }) => {
+                let key = (header.tgid, *fd);
+                if let Some(mut flow) = self.flows.remove(&key) {
+                    self.flush_flow(key, &mut flow, &mut out);
+                    flow.close(key, header.ts_ns, &mut out);
+                }
+            }
+            CaptureEvent::Kernel(Record::Exit { header }) => {
+                let keys: Vec<FlowKey> = self
+                    .flows
+                    .keys()
+                    .filter(|k| k.0 == header.tgid)
+                    .copied()
+                    .collect();
+                for key in keys {
+                    if let Some(mut flow) = self.flows.remove(&key) {
+                        self.flush_flow(key, &mut flow, &mut out);
+                        flow.close(key, header.ts_ns, &mut out);
+                    }
+                }
+            }
+            CaptureEvent::Tick => self.tick(&mut out),
+            _ => {}
+        }
+        out
+    }
+
+    /// Close every flow (the agent is stopping): pending exchanges come out marked incomplete.
+    pub fn finish(&mut self, ts_ns: u64) -> Vec<Decoded> {
+        let mut out = Vec::new();
+        let flows: Vec<(FlowKey, Flow)> = self.flows.drain().collect();
+        for (key, mut flow) in flows {
+            self.flush_flow(key, &mut flow, &mut out);
+            flow.close(key, ts_ns, &mut out);
+        }
+        out
+    }
+
+    fn open(&mut self, tgid: u32, fd: u32, kind: FdKind, out: &mut Vec<Decoded>) {
+        let key = (tgid, fd);
+        if let Some(mut old) = self.flows.remove(&key) {
+            // The fd number was reused without us seeing the close.
+            old.close(key, 0, out);
+        }
+        if self.flows.len() >= MAX_FLOWS {
+            self.evict_oldest(out);
+        }
+        self.clock += 1;
+        self.flows.insert(key, Flow::new(kind, self.clock));
+    }
+
+    fn io(&mut self, io: &IoRecord, payload: &[u8], out: &mut Vec<Decoded>) {
+        let key = (io.header.tgid, io.fd);
+        self.clock += 1;
+        let Some(flow) = self.flows.get_mut(&key) else {
+            // Captured while PENDING and classified as not interesting, or its Fd event was
+            // lost: nothing can decode it.
+            self.stats.ignored_bytes += payload.len() as u64;
+            return;
+        };
+        if !flow.kind.capture() {
+            self.stats.ignored_bytes += payload.len() as u64;
+            return;
+        }
+        flow.last_used = self.clock;
+        let dir = io.direction & 1;
+        let stream = &mut flow.streams[dir as usize];
+        stream.add(io, payload, &mut self.stats);
+        let mut pieces = Vec::new();
+        stream.ready(&mut pieces, &mut self.stats);
+        flow.decode(key, dir, pieces, out);
+    }
+
+    fn tick(&mut self, out: &mut Vec<Decoded>) {
+        for (key, flow) in self.flows.iter_mut() {
+            for dir in [direction::INGRESS, direction::EGRESS] {
+                let mut pieces = Vec::new();
+                flow.streams[dir as usize].tick(&mut pieces, &mut self.stats);
+                flow.decode(*key, dir, pieces, out);
+            }
+        }
+    }
+
+    /// Deliver whatever a closing flow still holds, in order, with gaps where records are missing.
+    fn flush_flow(&mut self, key: FlowKey, flow: &mut Flow, out: &mut Vec<Decoded>) {
+        for dir in [direction::INGRESS, direction::EGRESS] {
+            let mut pieces = Vec::new();
+            flow.streams[dir as usize].drain_all(&mut pieces, &mut self.stats);
+            flow.decode(key, dir, pieces, out);
+        }
+    }
+
+    fn evict_oldest(&mut self, out: &mut Vec<Decoded>) {
+        let oldest = self
+            .flows
+            .iter()
+            .min_by_key(|(_, f)| f.last_used)
+            .map(|(k, _)| *k);
+        if let Some(key) = oldest
+            && let Some(mut flow) = self.flows.remove(&key)
+        {
+            self.stats.flows_evicted += 1;
+            flow.close(key, 0, out);
+        }
+    }
+}

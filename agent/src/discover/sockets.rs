@@ -1,0 +1,211 @@
+//! Classifying a process's fd from /proc: is it a socket we decode, and which kind?
+//!
+//! The kernel side reports each new fd of a tracked process once; this module decides whether
+//! its payloads are worth copying: TCP sockets (the HTTP listener's connections, ZeroMQ tcp://)
+//! and unix stream sockets (ZeroMQ ipc://). Pipes, eventfds (libzmq's mailboxes), files and
+//! other sockets are ignored in the kernel from then on.
+use std::{fs, net::SocketAddr};
+
+use serde::{Deserialize, Serialize};
+
+use super::procfs::proc_path;
+
+/// What an fd is, as far as the decoders care.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum FdKind {
+    /// A TCP socket. `server_side`: its local port is one the process listens on, so it is an
+    /// accepted connection and the peer is the client.
+    Tcp {
+        local: SocketAddr,
+        peer: SocketAddr,
+        server_side: bool,
+        listening: bool,
+    },
+    /// A unix stream socket; `path` is the bound path when the socket has one.
+    Unix { path: Option<String> },
+    /// Anything else (described for the log).
+    Other { what: String },
+}
+
+impl FdKind {
+    /// Payloads of this fd are copied by the kernel side.
+    pub fn capture(&self) -> bool {
+        match self {
+            FdKind::Tcp { listening, .. } => !listening,
+            FdKind::Unix { .. } => true,
+            FdKind::Other { .. } => false,
+        }
+    }
+}
+
+/// Classify fd `fd` of process `pid`; None when the fd or the process is gone.
+pub fn classify(pid: u32, fd: u32) -> Option<FdKind> {
+    let target = fs::read_link(proc_path(pid, &format!("fd/{fd}"))).ok()?;
+    let target = target.to_string_lossy();
+    let Some(inode) = socket_inode(&target) else {
+        return Some(FdKind::Other {
+            what: target.into_owned(),
+        });
+    };
+    for table in ["net/tcp", "net/tcp6"] {
+        if let Some(entry) = read_table(pid, table).iter().find(|e| e.inode == inode) {
+            let listen_ports = listening_ports(pid);
+            return Some(FdKind::Tcp {
+                local: entry.local,
+                peer: entry.remote,
+                server_side: listen_ports.contains(&entry.local.port()),
+                listening: entry.state == TCP_LISTEN,
+            });
+        }
+    }
+    let unix = fs::read_to_string(proc_path(pid, "net/unix")).unwrap_or_default();
+    if let Some(path) = unix_stream_path(&unix, inode) {
+        return Some(FdKind::Unix { path });
+    }
+    Some(FdKind::Other {
+        what: format!("socket inode {inode} (not TCP nor a unix stream)"),
+    })
+}
+
+/// Ports the process has a listening TCP socket on (its own fds only).
+pub fn listening_ports(pid: u32) -> Vec<u16> {
+    let own = socket_inodes(pid);
+    let mut ports: Vec<u16> = ["net/tcp", "net/tcp6"]
+        .iter()
+        .flat_map(|t| read_table(pid, t))
+        .filter(|e| e.state == TCP_LISTEN && own.contains(&e.inode))
+        .map(|e| e.local.port())
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// Socket inodes of all fds of a process.
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    let Ok(dir) = fs::read_dir(proc_path(pid, "fd")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let link = fs::read_link(e.ok()?.path()).ok()?;
+        socket_inode(&link.to_string_lossy())
+    })
+    .collect()
+}
+
+fn socket_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+const TCP_LISTEN: u8 = 0x0A;
+
+struct TcpEntry {
+    local: SocketAddr,
+    remote: SocketAddr,
+    state: u8,
+    inode: u64,
+}
+
+fn read_table(pid: u32, table: &str) -> Vec<TcpEntry> {
+    fs::read_to_string(proc_path(pid, table))
+        .map(|text| parse_tcp_table(&text))
+        .unwrap_or_default()
+}
+
+/// Parse /proc/net/tcp or tcp6.
+fn parse_tcp_table(text: &str) -> Vec<TcpEntry> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            Some(TcpEntry {
+                local: parse_hex_addr(cols.get(1)?)?,
+                remote: parse_hex_addr(cols.get(2)?)?,
+                state: u8::from_str_radix(cols.get(3)?, 16).ok()?,
+                inode: cols.get(9)?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// "0100007F:1F90" (IPv4) or 32 hex digits (IPv6), each 32-bit word in host byte order.
+fn parse_hex_addr(text: &str) -> Option<SocketAddr> {
+    let (ip, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let words: Option<Vec<u32>> = (0..ip.len() / 8)
+        .map(|i| u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16).ok())
+        .collect();
+    let words = words?;
+    let ip: std::net::IpAddr = match words.len() {
+        1 => std::net::Ipv4Addr::from(words[0].to_le_bytes()).into(),
+        4 => {
+            let mut bytes = [0u8; 16];
+            for (i, w) in words.iter().enumerate() {
+                bytes[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+            }
+            std::net::Ipv6Addr::from(bytes).into()
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// Path of the unix stream socket with this inode in /proc/net/unix: Some(None) for an
+/// unbound stream socket (a client end), None when the inode is absent or not a stream.
+fn unix_stream_path(table: &str, inode: u64) -> Option<Option<String>> {
+    const SOCK_STREAM: u32 = 1;
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if cols.get(6)?.parse::<u64>().ok()? != inode {
+            return None;
+        }
+        if u32::from_str_radix(cols.get(4)?, 16).ok()? != SOCK_STREAM {
+            return None;
+        }
+        Some(cols.get(7).map(|p| p.to_string()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_tcp_tables() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12345 1 0000000000000000 100 0 0 10 0\n   1: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 12346 1\n";
+        let entries = parse_tcp_table(text);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].local, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(entries[0].state, TCP_LISTEN);
+        assert_eq!(entries[1].remote, "127.0.0.1:54321".parse().unwrap());
+        assert_eq!(entries[1].inode, 12346);
+    }
+
+    #[test]
+    fn parses_ipv6_loopback() {
+        let addr = parse_hex_addr("00000000000000000000000001000000:0050").unwrap();
+        assert_eq!(addr, "[::1]:80".parse().unwrap());
+        assert!(parse_hex_addr("zz:0050").is_none());
+        assert!(parse_hex_addr("0100007F").is_none());
+    }
+
+    #[test]
+    fn finds_unix_stream_paths() {
+        let table = "Num       RefCount Protocol Flags    Type St Inode Path\n0000000000000000: 00000002 00000000 00010000 0001 01 777 /tmp/sock\n0000000000000000: 00000003 00000000 00000000 0001 03 778\n0000000000000000: 00000003 00000000 00000000 0002 01 779 /dgram\n";
+        assert_eq!(unix_stream_path(table, 777), Some(Some("/tmp/sock".into())));
+        assert_eq!(unix_stream_path(table, 778), Some(None));
+        assert_eq!(unix_stream_path(table, 779), None);
+        assert_eq!(unix_stream_path(table, 1), None);
+    }
+
+    #[test]
+    fn socket_links() {
+        assert_eq!(socket_inode("socket:[42]"), Some(42));
+        assert_eq!(socket_inode("pipe:[42]"), None);
+        assert_eq!(socket_inode("anon_inode:[eventfd]"), None);
+    }
+}

@@ -1,0 +1,237 @@
+//! A tracing session: capture (live or replayed) -> decode -> output, until told to stop.
+use std::{
+    fs::File,
+    io::{BufReader, BufWriter},
+    os::fd::{AsRawFd, RawFd},
+    path::Path,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    signal::unix::SignalKind,
+};
+
+use crate::{
+    capture::{
+        CaptureEvent, KernelCounters,
+        kernel::KernelOptions,
+        live::LiveCapture,
+        recording::{Header, Reader, Writer},
+    },
+    decode::flows::{Decoded, FlowStats, FlowTable},
+    discover::{procfs, system},
+};
+
+/// How a live session runs.
+#[derive(Clone, Debug)]
+pub struct LiveOptions {
+    pub pids: Vec<u32>,
+    pub kernel: KernelOptions,
+    /// Drain period: records wait at most this long in the ring buffer.
+    pub poll_interval: Duration,
+    /// Stop after this long (None: until Ctrl-C / SIGTERM or the processes exit).
+    pub duration: Option<Duration>,
+}
+
+/// What a session saw, printed when it ends.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    pub kernel: KernelCounters,
+    pub flows: FlowStats,
+    pub messages: u64,
+    pub bad_records: u64,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let k = &self.kernel;
+        let s = &self.flows;
+        write!(
+            f,
+            "decoded {} messages from {} syscalls ({} B); lost: {} ring-full records, {} truncated \
+             syscalls ({} B past the cap), {} unreadable chunks, {} map-full; {} stream gaps, \
+             {} late records, {} bad records",
+            self.messages,
+            s.syscalls,
+            s.bytes,
+            k.ring_full,
+            k.truncated_syscalls,
+            k.truncated_bytes,
+            k.read_failed,
+            k.map_full,
+            s.gaps,
+            s.late_records,
+            self.bad_records
+        )
+    }
+}
+
+/// CLOCK_REALTIME - CLOCK_MONOTONIC now, in ns.
+pub fn realtime_minus_monotonic_ns() -> i128 {
+    let read = |clock| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid clock id and out pointer.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+    };
+    read(libc::CLOCK_REALTIME) - read(libc::CLOCK_MONOTONIC)
+}
+
+/// CLOCK_MONOTONIC now, ns (the kernel's timestamps use this clock).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid clock id and out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+struct RingFd(RawFd);
+impl AsRawFd for RingFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// Run a live session: every decoded message goes to `sink`; with `record`, every event is
+/// also written to that file. Returns when the duration elapses, on SIGINT/SIGTERM, or when
+/// all attached processes have exited; pending data is flushed first.
+pub async fn run_live(
+    options: &LiveOptions,
+    record: Option<&Path>,
+    mut sink: impl FnMut(&Decoded),
+) -> anyhow::Result<Summary> {
+    let (mut live, initial) = LiveCapture::attach(&options.pids, &options.kernel)?;
+    let mut recorder = match record {
+        Some(path) => {
+            let header = Header {
+                host: system::hostname(),
+                kernel: system::kernel_release(),
+                agent_version: env!("CARGO_PKG_VERSION").into(),
+                realtime_minus_monotonic_ns: realtime_minus_monotonic_ns(),
+                pids: options.pids.clone(),
+                processes: initial
+                    .iter()
+                    .filter_map(|e| match e {
+                        CaptureEvent::Process(p) => Some(p.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+            };
+            let file =
+                File::create(path).with_context(|| format!("creating {}", path.display()))?;
+            Some(Writer::new(BufWriter::new(file), &header)?)
+        }
+        None => None,
+    };
+    let mut flows = FlowTable::new();
+    let mut summary = Summary::default();
+    // SAFETY: the ring buffer fd belongs to `live`, which outlives `ring` (dropped first below).
+    let ring =
+        unsafe { AsyncFd::register_with_interest(RingFd(live.ring_fd()), Interest::READABLE) }
+            .map_err(|e| anyhow::anyhow!("watching the ring buffer fd: {e}"))?;
+    let mut ticker = tokio::time::interval(options.poll_interval);
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+    let deadline = tokio::time::sleep(
+        options
+            .duration
+            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
+    );
+    tokio::pin!(deadline);
+    let mut events = initial;
+    loop {
+        let mut stop = false;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            guard = ring.readable() => { if let Ok(mut g) = guard { g.clear_ready(); } }
+            _ = tokio::signal::ctrl_c() => stop = true,
+            _ = sigterm.recv() => stop = true,
+            _ = &mut deadline => stop = true,
+        }
+        let mut write_error = None;
+        live.poll(&mut events, |raw| {
+            if let Some(w) = recorder.as_mut()
+                && let Err(e) = w.kernel(raw)
+            {
+                write_error = Some(e);
+            }
+        });
+        if let Some(e) = write_error {
+            return Err(e).context("writing the recording");
+        }
+        for event in events.drain(..) {
+            if let Some(w) = recorder.as_mut() {
+                w.meta(&event).context("writing the recording")?;
+            }
+            if let CaptureEvent::Counters(c) = event {
+                summary.kernel = c;
+            }
+            for decoded in flows.handle(&event) {
+                summary.messages += 1;
+                sink(&decoded);
+            }
+        }
+        if !stop && options.pids.iter().all(|&pid| !procfs::exists(pid)) {
+            tracing::info!("all attached processes have exited");
+            stop = true;
+        }
+        if stop {
+            break;
+        }
+    }
+    drop(ring);
+    for decoded in flows.finish(monotonic_ns()) {
+        summary.messages += 1;
+        sink(&decoded);
+    }
+    if let Some(mut w) = recorder {
+        w.flush()?;
+    }
+    summary.flows = flows.stats();
+    summary.bad_records = live.stats.bad_records;
+    Ok(summary)
+}
+
+/// Replay a recording through the same decoding stage. Needs no privileges.
+pub fn replay(path: &Path, mut sink: impl FnMut(&Decoded)) -> anyhow::Result<(Header, Summary)> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let (mut reader, header) = Reader::open(BufReader::new(file))
+        .with_context(|| format!("reading {}", path.display()))?;
+    let mut flows = FlowTable::new();
+    let mut summary = Summary::default();
+    let mut last_ts = 0;
+    let result = loop {
+        match reader.next_event() {
+            Ok(Some(event)) => {
+                match &event {
+                    CaptureEvent::Counters(c) => summary.kernel = *c,
+                    CaptureEvent::Kernel(r) => last_ts = last_ts.max(r.header().ts_ns),
+                    _ => {}
+                }
+                for decoded in flows.handle(&event) {
+                    summary.messages += 1;
+                    sink(&decoded);
+                }
+            }
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    for decoded in flows.finish(last_ts) {
+        summary.messages += 1;
+        sink(&decoded);
+    }
+    summary.flows = flows.stats();
+    summary.bad_records = reader.bad_frames;
+    if let Err(e) = result {
+        tracing::warn!("{}: {e}; decoded what came before it", path.display());
+    }
+    Ok((header, summary))
+}

@@ -1,0 +1,539 @@
+//! Socket payload capture on syscall tracepoints (enter + exit).
+//!
+//! Enter: for a tracked process, look up the fd's class. An unknown fd produces one NEW_FD
+//! record (the map entry is set to PENDING so it is reported once) and userspace classifies
+//! it from /proc. For a CAPTURE or PENDING fd the buffer pointer is remembered per thread;
+//! userspace drops what it captured from a PENDING fd that it then classifies IGNORE.
+//! Exit: with the return value known, copy exactly the bytes moved, in CHUNK_SIZE records, up
+//! to the configured per-syscall cap.
+use aya_ebpf::{
+    cty::c_void,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_loop,
+    },
+    macros::{map, tracepoint},
+    maps::{HashMap, PerCpuArray},
+    programs::TracePointContext,
+};
+use infertrace_common::{
+    CHUNK_SIZE, FdKey, FdState, IoRecord, MAX_CHUNKS, MAX_IOVECS, NewFdRecord, RecordHeader,
+    counter, direction, fd_action, io_flags, kind, syscall,
+};
+
+use crate::shared::{EVENTS, FD_CLASS, config, count, tracked_tgid, wakeup_flags};
+
+/// Offsets of the syscall arguments in a sys_enter_* record, and of `ret` in sys_exit_*.
+const ARG0: usize = 16;
+const ARG1: usize = 24;
+const ARG2: usize = 32;
+const RET: usize = 16;
+
+/// How the syscall's buffer argument is shaped.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Shape {
+    /// (buf, len)
+    Flat = 0,
+    /// (iovec *, iovcnt)
+    Iovec = 1,
+    /// (msghdr *)
+    Msghdr = 2,
+}
+
+/// A syscall in flight on one thread, between its enter and exit tracepoints.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct InFlight {
+    enter_ns: u64,
+    /// Buffer, iovec array or msghdr pointer.
+    ptr: u64,
+    /// Buffer length or iovec count.
+    len: u64,
+    fd: u32,
+    syscall: u16,
+    direction: u8,
+    shape: u8,
+}
+
+#[map]
+static IN_FLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0);
+
+/// One ring-buffer record under construction: header then payload, contiguous, so that it is
+/// sent with a single `bpf_ringbuf_output` of a variable length.
+#[repr(C)]
+struct Chunk {
+    record: IoRecord,
+    data: [u8; CHUNK_SIZE],
+}
+
+/// Per-CPU state of the payload copy in progress.
+#[map]
+static COPY: PerCpuArray<CopyState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU scratch space: a 16 KiB chunk does not fit on the 512-byte BPF stack.
+#[map]
+static SCRATCH: PerCpuArray<Chunk> = PerCpuArray::with_max_entries(1, 0);
+
+const HEADER_LEN: usize = core::mem::size_of::<IoRecord>();
+
+/// `struct iovec` / the prefix of `struct user_msghdr` we need.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Iovec {
+    base: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MsghdrPrefix {
+    name: u64,
+    namelen: u64,
+    iov: u64,
+    iovlen: u64,
+}
+
+fn on_enter(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) -> u32 {
+    let Some((tgid, _)) = tracked_tgid() else {
+        return 0;
+    };
+    // SAFETY: offsets from the sys_enter_* format files (all arguments are 8 bytes wide).
+    let (fd, ptr, len) = unsafe {
+        (
+            ctx.read_at::<u64>(ARG0).unwrap_or(u64::MAX),
+            ctx.read_at::<u64>(ARG1).unwrap_or(0),
+            ctx.read_at::<u64>(ARG2).unwrap_or(0),
+        )
+    };
+    if fd > i32::MAX as u64 {
+        return 0;
+    }
+    let fd = fd as u32;
+    let key = FdKey { tgid, fd };
+    // SAFETY: the value is copied out immediately.
+    match unsafe { FD_CLASS.get(&key) }.map(|s| s.action) {
+        // Copy until userspace has decided: the first request on a freshly accepted
+        // connection arrives in the very first read, before any classification can happen.
+        None => report_new_fd(tgid, fd, key),
+        Some(fd_action::CAPTURE) | Some(fd_action::PENDING) => {}
+        Some(_) => return 0,
+    }
+    let in_flight = InFlight {
+        // SAFETY: helper without preconditions.
+        enter_ns: unsafe { bpf_ktime_get_ns() },
+        ptr,
+        len,
+        fd,
+        syscall,
+        direction,
+        shape: shape as u8,
+    };
+    if IN_FLIGHT
+        .insert(&bpf_get_current_pid_tgid(), &in_flight, 0)
+        .is_err()
+    {
+        count(counter::MAP_FULL, 1);
+    }
+    0
+}
+
+/// Mark the fd PENDING (so it is reported once) and tell userspace about it.
+fn report_new_fd(tgid: u32, fd: u32, key: FdKey) {
+    let pending = FdState {
+        action: fd_action::PENDING,
+        ..FdState::default()
+    };
+    // BPF_NOEXIST: another thread may have reported it a moment ago.
+    if FD_CLASS.insert(&key, &pending, 1).is_err() {
+        return;
+    }
+    let record = NewFdRecord {
+        header: header(kind::NEW_FD, tgid),
+        fd,
+        _pad: 0,
+    };
+    if EVENTS
+        .output::<NewFdRecord>(&record, wakeup_flags(config().wakeup_watermark))
+        .is_err()
+    {
+        count(counter::RING_FULL, 1);
+        // Let the next syscall on this fd report it again.
+        let _ = FD_CLASS.remove(&key);
+    }
+}
+
+fn header(kind: u32, tgid: u32) -> RecordHeader {
+    RecordHeader {
+        kind,
+        tgid,
+        tid: bpf_get_current_pid_tgid() as u32,
+        _pad: 0,
+        // SAFETY: helper without preconditions.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+    }
+}
+
+fn on_exit(ctx: &TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(call) = (unsafe { IN_FLIGHT.get(&id) }).copied() else {
+        return 0;
+    };
+    let _ = IN_FLIGHT.remove(&id);
+    // SAFETY: offset from the sys_exit_* format files.
+    let ret: i64 = unsafe { ctx.read_at(RET) }.unwrap_or(0);
+    if ret <= 0 {
+        return 0;
+    }
+    let tgid = (id >> 32) as u32;
+    let key = FdKey { tgid, fd: call.fd };
+    // The fd may have been closed and reclassified by another thread meanwhile.
+    let Some(state) = FD_CLASS.get_ptr_mut(&key) else {
+        return 0;
+    };
+    // SAFETY: pointer into a live map value; the sequence counter is bumped atomically because
+    // several threads may use one socket.
+    let seq = unsafe {
+        if (*state).action == fd_action::IGNORE {
+            return 0;
+        }
+        let slot = core::ptr::addr_of_mut!((*state).seq[(call.direction & 1) as usize]);
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            slot, 1,
+        )
+    };
+    count(counter::CAPTURED_SYSCALLS, 1);
+    copy_payload(&call, tgid, ret as u64, seq);
+    0
+}
+
+/// Where the next payload bytes come from while walking a flat buffer or an iovec array.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Cursor {
+    base: u64,
+    left: u64,
+    iov: u64,
+    iov_index: u64,
+    iov_count: u64,
+}
+
+impl Cursor {
+    fn new(call: &InFlight) -> Self {
+        let (flat, iov, iov_count) = match call.shape {
+            s if s == Shape::Flat as u8 => (true, 0, 0),
+            s if s == Shape::Iovec as u8 => (false, call.ptr, call.len),
+            _ => {
+                // SAFETY: user pointer read with the fault-tolerant helper.
+                match unsafe { bpf_probe_read_user(call.ptr as *const MsghdrPrefix) } {
+                    Ok(m) => (false, m.iov, m.iovlen),
+                    Err(_) => (false, 0, 0),
+                }
+            }
+        };
+        Cursor {
+            base: if flat { call.ptr } else { 0 },
+            left: if flat { call.len } else { 0 },
+            iov,
+            iov_index: 0,
+            iov_count: if iov_count > MAX_IOVECS as u64 {
+                MAX_IOVECS as u64
+            } else {
+                iov_count
+            },
+        }
+    }
+
+    /// Move to the next iovec. False when none is left or it cannot be read.
+    fn next_iovec(&mut self) -> bool {
+        if self.iov_index >= self.iov_count {
+            return false;
+        }
+        let at = self.iov + self.iov_index * core::mem::size_of::<Iovec>() as u64;
+        self.iov_index += 1;
+        // SAFETY: user pointer read with the fault-tolerant helper.
+        match unsafe { bpf_probe_read_user(at as *const Iovec) } {
+            Ok(v) => {
+                self.base = v.base;
+                self.left = v.len;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// State of one payload copy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CopyState {
+    cursor: Cursor,
+    copied: u64,
+    want: u64,
+    watermark: u32,
+    /// The ring buffer was full: the rest of the syscall is dropped.
+    ring_full: u32,
+}
+
+/// Copy the syscall's payload (at most the configured cap) into IO records.
+fn copy_payload(call: &InFlight, tgid: u32, ret: u64, seq: u64) {
+    let cfg = config();
+    let cap = (cfg.cap_bytes as u64).min(CHUNK_SIZE as u64 * MAX_CHUNKS as u64);
+    let want = if ret < cap { ret } else { cap };
+    let flags = if ret > cap { io_flags::TRUNCATED } else { 0 };
+    let Some(chunk) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU scratch value, used by this program invocation only.
+    let chunk = unsafe { &mut *chunk };
+    chunk.record = IoRecord {
+        header: header(kind::IO, tgid),
+        enter_ns: call.enter_ns,
+        seq,
+        ret: ret as i64,
+        fd: call.fd,
+        offset: 0,
+        len: 0,
+        syscall: call.syscall,
+        flags,
+        direction: call.direction,
+        _pad: [0; 7],
+    };
+    let Some(state_ptr) = COPY.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU value, used by this program invocation only.
+    unsafe {
+        *state_ptr = CopyState {
+            cursor: Cursor::new(call),
+            copied: 0,
+            want,
+            watermark: cfg.wakeup_watermark,
+            ring_full: 0,
+        }
+    };
+    // One iteration per chunk, plus one per iovec switch, under bpf_loop. The state lives in
+    // a map, whose contents the verifier does not track, so the callback's states converge
+    // at once instead of being explored iteration after iteration.
+    // SAFETY: bpf_loop with a callback of the required signature and no context.
+    unsafe {
+        bpf_loop(
+            MAX_CHUNKS + MAX_IOVECS,
+            copy_step as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    let state = unsafe { *state_ptr };
+    if state.ring_full != 0 {
+        return;
+    }
+    if state.copied < ret {
+        count(counter::TRUNCATED_SYSCALLS, 1);
+        count(counter::TRUNCATED_BYTES, ret - state.copied);
+    }
+    if state.copied < want {
+        // Ran out of iovecs or iterations: close the syscall with an empty LAST record.
+        chunk.record.flags |= io_flags::TRUNCATED;
+        let _ = emit_chunk(chunk, 0, state.copied, 0, true, cfg.wakeup_watermark);
+    }
+}
+
+/// One `bpf_loop` iteration: emit the next chunk, or step to the next iovec. 1 stops the loop.
+extern "C" fn copy_step(_index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(state) = COPY.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: per-CPU value, used by this program invocation only.
+    let state = unsafe { &mut *state };
+    if state.copied >= state.want {
+        return 1;
+    }
+    if state.cursor.left == 0 {
+        return if state.cursor.next_iovec() { 0 } else { 1 };
+    }
+    let mut n = state.want - state.copied;
+    if n > state.cursor.left {
+        n = state.cursor.left;
+    }
+    if n > CHUNK_SIZE as u64 {
+        n = CHUNK_SIZE as u64;
+    }
+    let Some(chunk) = SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: per-CPU scratch value, used by this program invocation only.
+    let chunk = unsafe { &mut *chunk };
+    let last = state.copied + n >= state.want;
+    if !emit_chunk(
+        chunk,
+        state.cursor.base,
+        state.copied,
+        n,
+        last,
+        state.watermark,
+    ) {
+        state.ring_full = 1;
+        return 1;
+    }
+    state.cursor.base += n;
+    state.cursor.left -= n;
+    state.copied += n;
+    0
+}
+
+/// Read `n` user bytes at `src` into the scratch chunk and output it. False when the
+/// ring buffer is full (the rest of the syscall is dropped: userspace sees no LAST record).
+fn emit_chunk(
+    chunk: &mut Chunk,
+    src: u64,
+    offset: u64,
+    n: u64,
+    last: bool,
+    watermark: u32,
+) -> bool {
+    // Bound for the verifier: n <= CHUNK_SIZE.
+    let n = (n as usize) & (2 * CHUNK_SIZE - 1);
+    let n = if n > CHUNK_SIZE { CHUNK_SIZE } else { n };
+    chunk.record.offset = offset as u32;
+    chunk.record.len = n as u32;
+    if last {
+        chunk.record.flags |= io_flags::LAST;
+    }
+    if n > 0 {
+        let dst = &mut chunk.data[..n];
+        // SAFETY: user pointer read with the fault-tolerant helper, into scratch memory.
+        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(src as *const u8, dst) }.is_err() {
+            count(counter::READ_FAILED, 1);
+            chunk.record.len = 0;
+            chunk.record.flags |= io_flags::READ_FAILED;
+        }
+    }
+    let total = HEADER_LEN + chunk.record.len as usize;
+    let total = if total > HEADER_LEN + CHUNK_SIZE {
+        HEADER_LEN + CHUNK_SIZE
+    } else {
+        total
+    };
+    // SAFETY: `Chunk` is repr(C) and `total` never exceeds its size.
+    let bytes = unsafe { core::slice::from_raw_parts((chunk as *const Chunk).cast::<u8>(), total) };
+    if EVENTS
+        .output::<[u8]>(bytes, wakeup_flags(watermark))
+        .is_err()
+    {
+        count(counter::RING_FULL, 1);
+        return false;
+    }
+    true
+}
+
+/// A tracked process closed an fd: forget its class (the number will be reused) and tell
+/// userspace when it was a captured socket, so the flow's decoders are flushed.
+#[tracepoint]
+pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
+    let Some((tgid, _)) = tracked_tgid() else {
+        return 0;
+    };
+    // SAFETY: offset from the format file.
+    let fd: u64 = unsafe { ctx.read_at(ARG0) }.unwrap_or(u64::MAX);
+    if fd > i32::MAX as u64 {
+        return 0;
+    }
+    let key = FdKey {
+        tgid,
+        fd: fd as u32,
+    };
+    // SAFETY: the value is copied out immediately.
+    let was_captured = matches!(
+        unsafe { FD_CLASS.get(&key) }.map(|s| s.action),
+        Some(fd_action::CAPTURE) | Some(fd_action::PENDING)
+    );
+    let _ = FD_CLASS.remove(&key);
+    if was_captured {
+        let record = NewFdRecord {
+            header: header(kind::CLOSE, tgid),
+            fd: fd as u32,
+            _pad: 0,
+        };
+        if EVENTS
+            .output::<NewFdRecord>(&record, wakeup_flags(config().wakeup_watermark))
+            .is_err()
+        {
+            count(counter::RING_FULL, 1);
+        }
+    }
+    0
+}
+
+/// One enter and one exit program per captured syscall.
+macro_rules! capture_syscall {
+    ($enter:ident, $exit:ident, $id:expr, $dir:expr, $shape:expr) => {
+        #[tracepoint]
+        pub fn $enter(ctx: TracePointContext) -> u32 {
+            on_enter(&ctx, $id, $dir, $shape)
+        }
+
+        #[tracepoint]
+        pub fn $exit(ctx: TracePointContext) -> u32 {
+            on_exit(&ctx)
+        }
+    };
+}
+
+capture_syscall!(
+    sys_enter_read,
+    sys_exit_read,
+    syscall::READ,
+    direction::INGRESS,
+    Shape::Flat
+);
+capture_syscall!(
+    sys_enter_write,
+    sys_exit_write,
+    syscall::WRITE,
+    direction::EGRESS,
+    Shape::Flat
+);
+capture_syscall!(
+    sys_enter_readv,
+    sys_exit_readv,
+    syscall::READV,
+    direction::INGRESS,
+    Shape::Iovec
+);
+capture_syscall!(
+    sys_enter_writev,
+    sys_exit_writev,
+    syscall::WRITEV,
+    direction::EGRESS,
+    Shape::Iovec
+);
+capture_syscall!(
+    sys_enter_recvfrom,
+    sys_exit_recvfrom,
+    syscall::RECVFROM,
+    direction::INGRESS,
+    Shape::Flat
+);
+capture_syscall!(
+    sys_enter_sendto,
+    sys_exit_sendto,
+    syscall::SENDTO,
+    direction::EGRESS,
+    Shape::Flat
+);
+capture_syscall!(
+    sys_enter_recvmsg,
+    sys_exit_recvmsg,
+    syscall::RECVMSG,
+    direction::INGRESS,
+    Shape::Msghdr
+);
+capture_syscall!(
+    sys_enter_sendmsg,
+    sys_exit_sendmsg,
+    syscall::SENDMSG,
+    direction::EGRESS,
+    Shape::Msghdr
+);

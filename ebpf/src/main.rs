@@ -1,0 +1,25 @@
+//! infertrace's kernel side: follow the traced engines' process tree and copy the payloads of
+//! their socket syscalls into a ring buffer.
+//!
+//! Only tracepoints are used (this kernel has no kprobes and no fentry, see DESIGN.md). Every
+//! program first checks that the current process is tracked, so untraced processes pay one
+//! hash lookup per syscall.
+#![no_std]
+#![no_main]
+// Atomic fetch-add on a map value (BPF_ATOMIC | BPF_FETCH): the target has no stable atomics.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
+
+mod io;
+mod proc;
+mod shared;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

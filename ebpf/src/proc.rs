@@ -1,0 +1,87 @@
+//! Process tree: sched_process_fork / exec / exit.
+//!
+//! vLLM and SGLang start their engine processes after the API server (fork + exec), so the set
+//! of tracked processes grows in the kernel the moment a tracked process forks: no syscall of
+//! the child can slip by before userspace hears of it.
+use aya_ebpf::{
+    EbpfContext as _, helpers::bpf_get_current_comm, helpers::bpf_ktime_get_ns, macros::tracepoint,
+    programs::TracePointContext,
+};
+use infertrace_common::{ProcRecord, RecordHeader, counter, kind};
+
+use crate::shared::{EVENTS, TRACKED, config, count, tracked_tgid, wakeup_flags};
+
+/// Offsets in the tracepoints' records (see /sys/kernel/tracing/events/sched/*/format).
+const FORK_CHILD_PID: usize = 20;
+const EXIT_GROUP_DEAD: usize = 32;
+
+fn emit(kind: u32, tgid: u32, tid: u32, child: u32) {
+    let comm = bpf_get_current_comm().unwrap_or_default();
+    let record = ProcRecord {
+        header: RecordHeader {
+            kind,
+            tgid,
+            tid,
+            _pad: 0,
+            // SAFETY: helper without preconditions.
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+        },
+        child,
+        _pad: 0,
+        comm,
+    };
+    if EVENTS
+        .output::<ProcRecord>(&record, wakeup_flags(config().wakeup_watermark))
+        .is_err()
+    {
+        count(counter::RING_FULL, 1);
+    }
+}
+
+/// A tracked process forked (or created a thread: the tracepoint cannot tell, so the new task
+/// id is tracked and userspace removes it again when /proc says it is a thread).
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    let Some((tgid, tid)) = tracked_tgid() else {
+        return 0;
+    };
+    // SAFETY: offset from the tracepoint's format file.
+    let child: i32 = unsafe { ctx.read_at(FORK_CHILD_PID) }.unwrap_or(0);
+    if child <= 0 {
+        return 0;
+    }
+    let child = child as u32;
+    if TRACKED.insert(&child, &1, 0).is_err() {
+        count(counter::MAP_FULL, 1);
+    }
+    emit(kind::FORK, tgid, tid, child);
+    0
+}
+
+/// A tracked process replaced its program: userspace re-reads its identity.
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    if let Some((tgid, tid)) = tracked_tgid() {
+        emit(kind::EXEC, tgid, tid, tgid);
+    }
+    0
+}
+
+/// A task exited; when it was the last of its process, the process is untracked.
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    let Some((tgid, tid)) = tracked_tgid() else {
+        return 0;
+    };
+    // SAFETY: offset from the tracepoint's format file.
+    let group_dead: u8 = unsafe { ctx.read_at(EXIT_GROUP_DEAD) }.unwrap_or(0);
+    if group_dead != 0 {
+        let _ = TRACKED.remove(&tgid);
+        emit(kind::EXIT, tgid, tid, ctx.tgid());
+    } else if tid != tgid {
+        // A thread's id may have been inserted by the fork program; it must not linger and
+        // later match an unrelated process that reuses the number.
+        let _ = TRACKED.remove(&tid);
+    }
+    0
+}

@@ -1,0 +1,62 @@
+//! Maps and helpers shared by the process-tree and the I/O programs.
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::bpf_get_current_pid_tgid,
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+};
+use infertrace_common::{Config, FdKey, FdState};
+
+/// All records to userspace. Userspace sets the real size at load time.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);
+
+/// Tracked processes (tgid -> 1). Seeded by userspace; grows on fork of a tracked process.
+#[map]
+pub static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+
+/// What to do with each (tgid, fd) of a tracked process, plus per-direction sequence numbers.
+#[map]
+pub static FD_CLASS: HashMap<FdKey, FdState> = HashMap::with_max_entries(65536, 0);
+
+/// Per-CPU counters of lost and truncated data (indices: `infertrace_common::counter`).
+#[map]
+pub static COUNTERS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(infertrace_common::counter::COUNT, 0);
+
+/// Runtime configuration, index 0, written by userspace before attaching.
+#[map]
+pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+/// Current process's tgid if it is tracked.
+#[inline(always)]
+pub fn tracked_tgid() -> Option<(u32, u32)> {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    // SAFETY: the value is only checked for presence.
+    unsafe { TRACKED.get(&tgid) }.map(|_| (tgid, id as u32))
+}
+
+#[inline(always)]
+pub fn count(index: u32, by: u64) {
+    if let Some(c) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU while the program runs.
+        unsafe { *c += by };
+    }
+}
+
+#[inline(always)]
+pub fn config() -> Config {
+    CONFIG.get(0).copied().unwrap_or_default()
+}
+
+/// Ring buffer flags for the next record: wake the reader only when the buffer is filling up,
+/// so a busy engine costs no wakeup per event (userspace also drains on a timer).
+#[inline(always)]
+pub fn wakeup_flags(watermark: u32) -> u64 {
+    if watermark != 0 && EVENTS.query(BPF_RB_AVAIL_DATA as u64) > watermark as u64 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}

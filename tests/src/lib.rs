@@ -1,0 +1,140 @@
+//! Helpers for infertrace's root integration tests: start real processes, trace them with the
+//! real eBPF programs, collect what the decoders produced.
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::PathBuf,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use infertrace::{
+    capture::{CaptureEvent, kernel::KernelOptions, live::LiveCapture},
+    decode::flows::{Decoded, FlowStats, FlowTable},
+};
+
+/// Path of a file in tests/fixtures.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
+}
+
+/// The Python interpreter used for fixture processes (`INFERTRACE_TEST_PYTHON` or python3).
+pub fn python() -> String {
+    std::env::var("INFERTRACE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// A child process driven line by line over stdin/stdout; killed when dropped.
+pub struct Script {
+    pub child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Script {
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(python())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start python fixture");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Next line the script printed (panics if it exits first).
+    pub fn read_line(&mut self) -> String {
+        let mut line = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .expect("read fixture stdout");
+        assert!(n > 0, "fixture exited early");
+        line.trim_end().to_string()
+    }
+
+    pub fn send_line(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").expect("write fixture stdin");
+        self.stdin.flush().expect("flush");
+    }
+}
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The real capture pipeline, pumped by the test.
+pub struct Tracer {
+    live: LiveCapture,
+    flows: FlowTable,
+    pub decoded: Vec<Decoded>,
+    pub events: Vec<CaptureEvent>,
+}
+
+impl Tracer {
+    pub fn attach(pids: &[u32]) -> Self {
+        let (live, initial) =
+            LiveCapture::attach(pids, &KernelOptions::default()).expect("attach (run as root)");
+        let mut tracer = Self {
+            live,
+            flows: FlowTable::new(),
+            decoded: Vec::new(),
+            events: Vec::new(),
+        };
+        tracer.consume(initial);
+        tracer
+    }
+
+    fn consume(&mut self, events: Vec<CaptureEvent>) {
+        for event in events {
+            self.decoded.extend(self.flows.handle(&event));
+            self.events.push(event);
+        }
+    }
+
+    /// Drain the ring buffer once.
+    pub fn pump(&mut self) {
+        let mut events = Vec::new();
+        self.live.poll(&mut events, |_| {});
+        self.consume(events);
+    }
+
+    /// Pump until `done` holds for the decoded messages, or the timeout passes.
+    pub fn pump_until(&mut self, timeout: Duration, done: impl Fn(&[Decoded]) -> bool) -> bool {
+        let start = Instant::now();
+        loop {
+            self.pump();
+            if done(&self.decoded) {
+                return true;
+            }
+            if start.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Pump a few more times (for anything still in flight) and close every flow.
+    pub fn finish(mut self) -> (Vec<Decoded>, FlowStats) {
+        for _ in 0..5 {
+            self.pump();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let end = self.flows.finish(u64::MAX);
+        self.decoded.extend(end);
+        (self.decoded, self.flows.stats())
+    }
+}

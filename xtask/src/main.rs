@@ -1,0 +1,66 @@
+//! Project tasks: `cargo xtask <task>` (alias in .cargo/config.toml).
+//!
+//! - `setup`: install the Rust eBPF toolchain (Debian rustc-web + prebuilt bpf libcore +
+//!   bpf-linker), idempotently.
+//! - `build-ebpf`: compile `ebpf/` and refresh the committed object in `ebpf/prebuilt/`.
+//! - `check-ebpf`: fail when the committed object is stale against the eBPF sources.
+//! - `test`: every check CI runs.
+mod ebpf;
+mod test;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "infertrace project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the eBPF toolchain (apt + cargo install bpf-linker), idempotent.
+    Setup,
+    /// Rebuild the eBPF object and update ebpf/prebuilt/ (needs `cargo xtask setup` once).
+    BuildEbpf,
+    /// Fail if ebpf/prebuilt/ was not rebuilt after the eBPF sources changed.
+    CheckEbpf,
+    /// Run every check CI runs (needs root): eBPF freshness, fmt, clippy, tests, fuzz smoke.
+    Test {
+        /// Skip the fuzz runs (quicker local iterations).
+        #[arg(long)]
+        skip_fuzz: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => ebpf::setup(),
+        Task::BuildEbpf => ebpf::build(),
+        Task::CheckEbpf => ebpf::check(),
+        Task::Test { skip_fuzz } => test::test(skip_fuzz),
+    }
+}
+
+/// The workspace root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd.status().with_context(|| format!("spawn {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}

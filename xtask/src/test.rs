@@ -1,0 +1,94 @@
+//! `cargo xtask test`: everything CI checks, in the order that fails fastest.
+//!
+//! Installs what the tests need (a Python venv with pyzmq for the fixture processes, and
+//! cargo-fuzz for the fuzz smoke runs), then: eBPF object freshness, rustfmt, clippy, unit and
+//! root integration tests (real kernel, real processes), and each fuzz target for a fixed time.
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, bail};
+
+use crate::{ebpf, root, run};
+
+/// Seconds each fuzz target runs in CI.
+const FUZZ_SECONDS: u32 = 30;
+const FUZZ_TARGETS: &[&str] = &["http", "zmtp", "records"];
+
+pub fn test(skip_fuzz: bool) -> anyhow::Result<()> {
+    let root = root();
+    // SAFETY of geteuid: no preconditions.
+    if unsafe { libc_geteuid() } != 0 {
+        bail!(
+            "the integration tests load eBPF programs: run `sudo cargo xtask test` (CI runs as root)"
+        );
+    }
+    let python = test_venv(&root)?;
+    ebpf::check()?;
+    run(Command::new("cargo")
+        .args(["fmt", "--all", "--check"])
+        .current_dir(&root))?;
+    run(Command::new("cargo")
+        .args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .current_dir(&root))?;
+    run(Command::new("cargo")
+        .args(["test", "--workspace", "--", "--test-threads=1"])
+        .env("INFERTRACE_TEST_PYTHON", &python)
+        .current_dir(&root))?;
+    if !skip_fuzz {
+        fuzz(&root)?;
+    }
+    println!("all checks passed");
+    Ok(())
+}
+
+/// target/test-venv with pyzmq, made once.
+fn test_venv(root: &Path) -> anyhow::Result<String> {
+    let venv = root.join("target/test-venv");
+    let python = venv.join("bin/python");
+    let has_zmq = Command::new(&python)
+        .args(["-c", "import zmq"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !has_zmq {
+        run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+        run(Command::new(&python).args(["-m", "pip", "install", "-q", "pyzmq"]))?;
+    }
+    Ok(python.to_string_lossy().into_owned())
+}
+
+fn fuzz(root: &Path) -> anyhow::Result<()> {
+    let have = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .map(|o| o.status.success());
+    if !have.unwrap_or(false) {
+        run(Command::new("cargo").args(["install", "--locked", "cargo-fuzz"]))
+            .context("installing cargo-fuzz")?;
+    }
+    for target in FUZZ_TARGETS {
+        run(Command::new("cargo")
+            .args([
+                "fuzz",
+                "run",
+                target,
+                "--",
+                &format!("-max_total_time={FUZZ_SECONDS}"),
+            ])
+            // cargo-fuzz needs nightly flags (-Z sanitizer); this stable toolchain allows them.
+            .env("RUSTC_BOOTSTRAP", "1")
+            .current_dir(root))?;
+    }
+    Ok(())
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
