@@ -20,7 +20,7 @@ use infertrace_common::{
     counter, direction, fd_action, io_flags, kind, syscall,
 };
 
-use crate::shared::{EVENTS, FD_CLASS, config, count, tracked_tgid, wakeup_flags};
+use crate::shared::{EVENTS, FD_CLASS, FD_DECISION, config, count, tracked_tgid, wakeup_flags};
 
 /// Offsets of the syscall arguments in a sys_enter_* record, and of `ret` in sys_exit_*.
 const ARG0: usize = 16;
@@ -111,12 +111,15 @@ fn on_enter(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) 
     let fd = fd as u32;
     let key = FdKey { tgid, fd };
     // SAFETY: the value is copied out immediately.
-    match unsafe { FD_CLASS.get(&key) }.map(|s| s.action) {
+    match FD_CLASS.get_ptr_mut(&key) {
         // Copy until userspace has decided: the first request on a freshly accepted
         // connection arrives in the very first read, before any classification can happen.
         None => report_new_fd(tgid, fd, key),
-        Some(fd_action::CAPTURE) | Some(fd_action::PENDING) => {}
-        Some(_) => return 0,
+        // SAFETY: pointer into a live map value.
+        Some(state) => match unsafe { apply_decision(&mut *state, &key) } {
+            fd_action::IGNORE => return 0,
+            _ => {}
+        },
     }
     let in_flight = InFlight {
         // SAFETY: helper without preconditions.
@@ -135,6 +138,18 @@ fn on_enter(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) 
         count(counter::MAP_FULL, 1);
     }
     0
+}
+
+/// The fd's action, after taking userspace's decision for a PENDING fd if one is waiting.
+fn apply_decision(state: &mut FdState, key: &FdKey) -> u8 {
+    if state.action == fd_action::PENDING {
+        // SAFETY: the value is copied out immediately.
+        if let Some(&decision) = unsafe { FD_DECISION.get(key) } {
+            state.action = decision;
+            let _ = FD_DECISION.remove(key);
+        }
+    }
+    state.action
 }
 
 /// Mark the fd PENDING (so it is reported once) and tell userspace about it.
@@ -191,14 +206,15 @@ fn on_exit(ctx: &TracePointContext) -> u32 {
     let Some(state) = FD_CLASS.get_ptr_mut(&key) else {
         return 0;
     };
-    // SAFETY: pointer into a live map value; the sequence counter is bumped atomically because
-    // several threads may use one socket.
+    // SAFETY: pointer into a live map value. The sequence counter is bumped atomically because
+    // several threads may use one socket. SeqCst, not Relaxed: LLVM's BPF backend emits a
+    // non-fetching `lock xadd` for a relaxed add and then "returns" the addend.
     let seq = unsafe {
         if (*state).action == fd_action::IGNORE {
             return 0;
         }
         let slot = core::ptr::addr_of_mut!((*state).seq[(call.direction & 1) as usize]);
-        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::SeqCst }>(
             slot, 1,
         )
     };
@@ -450,6 +466,7 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
         Some(fd_action::CAPTURE) | Some(fd_action::PENDING)
     );
     let _ = FD_CLASS.remove(&key);
+    let _ = FD_DECISION.remove(&key);
     if was_captured {
         let record = NewFdRecord {
             header: header(kind::CLOSE, tgid),

@@ -19,6 +19,11 @@ pub static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 #[map]
 pub static FD_CLASS: HashMap<FdKey, FdState> = HashMap::with_max_entries(65536, 0);
 
+/// Userspace's decisions for PENDING fds (tgid, fd) -> `fd_action`. The kernel moves a
+/// decision into `FD_CLASS` itself, so that userspace never overwrites the sequence numbers.
+#[map]
+pub static FD_DECISION: HashMap<FdKey, u8> = HashMap::with_max_entries(16384, 0);
+
 /// Per-CPU counters of lost and truncated data (indices: `infertrace_common::counter`).
 #[map]
 pub static COUNTERS: PerCpuArray<u64> =

@@ -127,6 +127,36 @@ impl Tracer {
         }
     }
 
+    /// What was captured, for assertion messages: fds classified and IO bytes per flow.
+    pub fn describe(&self) -> String {
+        use std::collections::BTreeMap;
+        let mut io: BTreeMap<(u32, u32, u8), (u64, u64)> = BTreeMap::new();
+        let mut lines = Vec::new();
+        for event in &self.events {
+            match event {
+                CaptureEvent::Fd { tgid, fd, kind } => lines.push(format!("fd {tgid}/{fd}: {kind:?}")),
+                CaptureEvent::Process(p) => lines.push(format!("process {} {}", p.pid, p.comm)),
+                CaptureEvent::Kernel(infertrace::capture::Record::Io { io: r, payload }) => {
+                    let e = io.entry((r.header.tgid, r.fd, r.direction)).or_default();
+                    e.0 += 1;
+                    e.1 += payload.len() as u64;
+                    if e.0 <= 12 {
+                        lines.push(format!(
+                            "  rec {}/{} dir={} seq={} off={} len={} ret={} flags={:#x}",
+                            r.header.tgid, r.fd, r.direction, r.seq, r.offset, r.len, r.ret, r.flags
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for ((tgid, fd, dir), (n, bytes)) in io {
+            lines.push(format!("io {tgid}/{fd} dir={dir}: {n} records, {bytes} B"));
+        }
+        lines.push(format!("{} decoded, stats {:?}", self.decoded.len(), self.flows.stats()));
+        lines.join("\n")
+    }
+
     /// Pump a few more times (for anything still in flight) and close every flow.
     pub fn finish(mut self) -> (Vec<Decoded>, FlowStats) {
         for _ in 0..5 {

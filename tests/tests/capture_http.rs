@@ -92,10 +92,9 @@ fn keep_alive_chunked_and_sse_exchanges_are_decoded_byte_exact() {
         let response = read_response(&mut reader);
         sent.push((method, path, body, response));
     }
-    assert!(tracer.pump_until(
-        Duration::from_secs(10),
-        |d| exchanges(d, server.pid()).len() >= 4
-    ));
+    let pid = server.pid();
+    let done = tracer.pump_until(Duration::from_secs(10), |d| exchanges(d, pid).len() >= 4);
+    assert!(done, "{}", tracer.describe());
     let (decoded, stats) = tracer.finish();
     let seen = exchanges(&decoded, server.pid());
     assert_eq!(

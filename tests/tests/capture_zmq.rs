@@ -71,7 +71,8 @@ fn children_started_after_attach_are_followed_and_decoded_byte_exact() {
     let mut tracer = Tracer::attach(&[launcher.pid()]);
     launcher.send_line("go");
     assert_eq!(launcher.read_line(), "done");
-    assert!(tracer.pump_until(Duration::from_secs(10), both_sides_done));
+    let done = tracer.pump_until(Duration::from_secs(10), both_sides_done);
+    assert!(done, "{}", tracer.describe());
     let (decoded, stats) = tracer.finish();
     // Both children were forked and exec'd by the launcher after attach.
     let pids: std::collections::BTreeSet<u32> = decoded
@@ -101,7 +102,8 @@ fn attach_to_established_connection_resynchronises_without_greeting() {
     let mut tracer = Tracer::attach(&[launcher.pid()]);
     launcher.send_line("go");
     assert_eq!(launcher.read_line(), "done");
-    assert!(tracer.pump_until(Duration::from_secs(10), both_sides_done));
+    let done = tracer.pump_until(Duration::from_secs(10), both_sides_done);
+    assert!(done, "{}", tracer.describe());
     let (decoded, _) = tracer.finish();
     check(&decoded, Some(sender), Some(receiver), true);
 }

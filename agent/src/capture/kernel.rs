@@ -74,6 +74,7 @@ pub struct KernelCapture {
     ring: RingBuf<MapData>,
     tracked: HashMap<MapData, u32, u8>,
     fd_class: HashMap<MapData, FdKey, FdState>,
+    fd_decision: HashMap<MapData, FdKey, u8>,
     counters: PerCpuArray<MapData, u64>,
 }
 
@@ -116,6 +117,8 @@ impl KernelCapture {
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
         let tracked = HashMap::try_from(ebpf.take_map("TRACKED").context("TRACKED missing")?)?;
         let fd_class = HashMap::try_from(ebpf.take_map("FD_CLASS").context("FD_CLASS missing")?)?;
+        let fd_decision =
+            HashMap::try_from(ebpf.take_map("FD_DECISION").context("FD_DECISION missing")?)?;
         let counters =
             PerCpuArray::try_from(ebpf.take_map("COUNTERS").context("COUNTERS missing")?)?;
         Ok(Self {
@@ -123,6 +126,7 @@ impl KernelCapture {
             ring,
             tracked,
             fd_class,
+            fd_decision,
             counters,
         })
     }
@@ -139,32 +143,26 @@ impl KernelCapture {
         let _ = self.tracked.remove(&tgid);
     }
 
-    /// Tell the kernel whether to copy an fd's payloads.
+    /// Tell the kernel whether to copy an fd's payloads. The kernel applies the decision on
+    /// the fd's next syscall (it owns the fd's state, sequence numbers included).
     pub fn classify(&mut self, tgid: u32, fd: u32, capture: bool) -> anyhow::Result<()> {
-        let action = if capture {
-            fd_action::CAPTURE
-        } else {
-            fd_action::IGNORE
-        };
-        let state = FdState {
-            action,
-            ..FdState::default()
-        };
-        self.fd_class
-            .insert(FdKey { tgid, fd }, state, 0)
+        let action = if capture { fd_action::CAPTURE } else { fd_action::IGNORE };
+        self.fd_decision
+            .insert(FdKey { tgid, fd }, action, 0)
             .with_context(|| format!("classifying fd {fd} of pid {tgid}"))
     }
 
     /// Forget every fd of an exited process.
     pub fn forget_process(&mut self, tgid: u32) {
-        let keys: Vec<FdKey> = self
-            .fd_class
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == tgid)
-            .collect();
-        for key in keys {
+        let classes: Vec<FdKey> =
+            self.fd_class.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
+        let decisions: Vec<FdKey> =
+            self.fd_decision.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
+        for key in classes {
             let _ = self.fd_class.remove(&key);
+        }
+        for key in decisions {
+            let _ = self.fd_decision.remove(&key);
         }
     }
 
