@@ -112,6 +112,19 @@ impl Tracer {
         self.consume(events);
     }
 
+    /// Run `action` on another thread while draining the ring buffer here, as the agent does
+    /// live: /proc is consulted while the processes and fds still exist.
+    pub fn pump_during<T: Send>(&mut self, action: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|scope| {
+            let handle = scope.spawn(action);
+            while !handle.is_finished() {
+                self.pump();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            handle.join().expect("test action panicked")
+        })
+    }
+
     /// Pump until `done` holds for the decoded messages, or the timeout passes.
     pub fn pump_until(&mut self, timeout: Duration, done: impl Fn(&[Decoded]) -> bool) -> bool {
         let start = Instant::now();
@@ -147,6 +160,7 @@ impl Tracer {
                         ));
                     }
                 }
+                CaptureEvent::Kernel(record) => lines.push(format!("{record:?}")),
                 _ => {}
             }
         }

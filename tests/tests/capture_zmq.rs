@@ -69,8 +69,11 @@ fn children_started_after_attach_are_followed_and_decoded_byte_exact() {
     let dir = tempdir();
     let mut launcher = Script::start(&[fixture("zmq_pair.py").to_str().unwrap(), "launcher", &dir]);
     let mut tracer = Tracer::attach(&[launcher.pid()]);
-    launcher.send_line("go");
-    assert_eq!(launcher.read_line(), "done");
+    let line = tracer.pump_during(|| {
+        launcher.send_line("go");
+        launcher.read_line()
+    });
+    assert_eq!(line, "done");
     let done = tracer.pump_until(Duration::from_secs(10), both_sides_done);
     assert!(done, "{}", tracer.describe());
     let (decoded, stats) = tracer.finish();
@@ -100,8 +103,11 @@ fn attach_to_established_connection_resynchronises_without_greeting() {
         .collect();
     let (receiver, sender) = (pids[0], pids[1]);
     let mut tracer = Tracer::attach(&[launcher.pid()]);
-    launcher.send_line("go");
-    assert_eq!(launcher.read_line(), "done");
+    let line = tracer.pump_during(|| {
+        launcher.send_line("go");
+        launcher.read_line()
+    });
+    assert_eq!(line, "done");
     let done = tracer.pump_until(Duration::from_secs(10), both_sides_done);
     assert!(done, "{}", tracer.describe());
     let (decoded, _) = tracer.finish();
