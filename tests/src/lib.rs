@@ -147,7 +147,9 @@ impl Tracer {
         let mut lines = Vec::new();
         for event in &self.events {
             match event {
-                CaptureEvent::Fd { tgid, fd, kind } => lines.push(format!("fd {tgid}/{fd}: {kind:?}")),
+                CaptureEvent::Fd { tgid, fd, kind } => {
+                    lines.push(format!("fd {tgid}/{fd}: {kind:?}"))
+                }
                 CaptureEvent::Process(p) => lines.push(format!("process {} {}", p.pid, p.comm)),
                 CaptureEvent::Kernel(infertrace::capture::Record::Io { io: r, payload }) => {
                     let e = io.entry((r.header.tgid, r.fd, r.direction)).or_default();
@@ -156,7 +158,14 @@ impl Tracer {
                     if e.0 <= 12 {
                         lines.push(format!(
                             "  rec {}/{} dir={} seq={} off={} len={} ret={} flags={:#x}",
-                            r.header.tgid, r.fd, r.direction, r.seq, r.offset, r.len, r.ret, r.flags
+                            r.header.tgid,
+                            r.fd,
+                            r.direction,
+                            r.seq,
+                            r.offset,
+                            r.len,
+                            r.ret,
+                            r.flags
                         ));
                     }
                 }
@@ -167,7 +176,11 @@ impl Tracer {
         for ((tgid, fd, dir), (n, bytes)) in io {
             lines.push(format!("io {tgid}/{fd} dir={dir}: {n} records, {bytes} B"));
         }
-        lines.push(format!("{} decoded, stats {:?}", self.decoded.len(), self.flows.stats()));
+        lines.push(format!(
+            "{} decoded, stats {:?}",
+            self.decoded.len(),
+            self.flows.stats()
+        ));
         lines.join("\n")
     }
 

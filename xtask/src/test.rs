@@ -27,17 +27,10 @@ pub fn test(skip_fuzz: bool) -> anyhow::Result<()> {
         .args(["fmt", "--all", "--check"])
         .current_dir(&root))?;
     run(Command::new("cargo")
-        .args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ])
+        .args(["clippy", "--all-targets", "--", "-D", "warnings"])
         .current_dir(&root))?;
     run(Command::new("cargo")
-        .args(["test", "--workspace", "--", "--test-threads=1"])
+        .args(["test", "--", "--test-threads=1"])
         .env("INFERTRACE_TEST_PYTHON", &python)
         .current_dir(&root))?;
     if !skip_fuzz {

@@ -117,8 +117,10 @@ impl KernelCapture {
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
         let tracked = HashMap::try_from(ebpf.take_map("TRACKED").context("TRACKED missing")?)?;
         let fd_class = HashMap::try_from(ebpf.take_map("FD_CLASS").context("FD_CLASS missing")?)?;
-        let fd_decision =
-            HashMap::try_from(ebpf.take_map("FD_DECISION").context("FD_DECISION missing")?)?;
+        let fd_decision = HashMap::try_from(
+            ebpf.take_map("FD_DECISION")
+                .context("FD_DECISION missing")?,
+        )?;
         let counters =
             PerCpuArray::try_from(ebpf.take_map("COUNTERS").context("COUNTERS missing")?)?;
         Ok(Self {
@@ -146,7 +148,11 @@ impl KernelCapture {
     /// Tell the kernel whether to copy an fd's payloads. The kernel applies the decision on
     /// the fd's next syscall (it owns the fd's state, sequence numbers included).
     pub fn classify(&mut self, tgid: u32, fd: u32, capture: bool) -> anyhow::Result<()> {
-        let action = if capture { fd_action::CAPTURE } else { fd_action::IGNORE };
+        let action = if capture {
+            fd_action::CAPTURE
+        } else {
+            fd_action::IGNORE
+        };
         self.fd_decision
             .insert(FdKey { tgid, fd }, action, 0)
             .with_context(|| format!("classifying fd {fd} of pid {tgid}"))
@@ -154,10 +160,18 @@ impl KernelCapture {
 
     /// Forget every fd of an exited process.
     pub fn forget_process(&mut self, tgid: u32) {
-        let classes: Vec<FdKey> =
-            self.fd_class.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
-        let decisions: Vec<FdKey> =
-            self.fd_decision.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
+        let classes: Vec<FdKey> = self
+            .fd_class
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == tgid)
+            .collect();
+        let decisions: Vec<FdKey> = self
+            .fd_decision
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == tgid)
+            .collect();
         for key in classes {
             let _ = self.fd_class.remove(&key);
         }

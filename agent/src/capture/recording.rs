@@ -220,7 +220,7 @@ mod tests {
         w.kernel(&raw).unwrap();
         w.meta(&fd).unwrap();
         w.meta(&CaptureEvent::Tick).unwrap();
-        drop(w);
+        w.flush().unwrap();
         let (mut r, h) = Reader::open(&buf[..]).unwrap();
         assert_eq!(h, header());
         assert_eq!(
@@ -243,7 +243,7 @@ mod tests {
         w.frame(9, b"x").unwrap();
         w.frame(TAG_META, b"{not json").unwrap();
         w.frame(TAG_META, br#"{"event":"tick"}"#).unwrap();
-        drop(w);
+        w.flush().unwrap();
         buf.extend_from_slice(&[TAG_KERNEL, 100, 0, 0, 0, 1, 2]);
         let (mut r, _) = Reader::open(&buf[..]).unwrap();
         assert_eq!(r.next_event().unwrap(), Some(CaptureEvent::Tick));
