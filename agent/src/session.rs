@@ -155,27 +155,25 @@ pub async fn run_live(
             _ = sigterm.recv() => stop = true,
             _ = &mut deadline => stop = true,
         }
-        let mut write_error = None;
-        live.poll(&mut events, |raw| {
-            if let Some(w) = recorder.as_mut()
-                && let Err(e) = w.kernel(raw)
-            {
-                write_error = Some(e);
+        // Drain batch by batch until the ring buffer is empty.
+        loop {
+            let more = live.poll(&mut events);
+            let mut batch = Vec::new();
+            for event in events.drain(..) {
+                if let Some(w) = recorder.as_mut() {
+                    w.write(&event).context("writing the recording")?;
+                }
+                if let CaptureEvent::Counters(c) = event {
+                    summary.kernel = c;
+                }
+                batch.extend(flows.handle(&event));
             }
-        });
-        if let Some(e) = write_error {
-            return Err(e).context("writing the recording");
-        }
-        for event in events.drain(..) {
-            if let Some(w) = recorder.as_mut() {
-                w.meta(&event).context("writing the recording")?;
-            }
-            if let CaptureEvent::Counters(c) = event {
-                summary.kernel = c;
-            }
-            for decoded in flows.handle(&event) {
-                summary.messages += 1;
-                sink(&decoded);
+            // Flows complete in drain order; show each batch's messages in time order.
+            batch.sort_by_key(Decoded::start_ns);
+            summary.messages += batch.len() as u64;
+            batch.iter().for_each(&mut sink);
+            if !more {
+                break;
             }
         }
         if !stop && options.pids.iter().all(|&pid| !procfs::exists(pid)) {

@@ -105,11 +105,16 @@ impl Tracer {
         }
     }
 
-    /// Drain the ring buffer once.
+    /// Drain the ring buffer until it is empty.
     pub fn pump(&mut self) {
-        let mut events = Vec::new();
-        self.live.poll(&mut events, |_| {});
-        self.consume(events);
+        loop {
+            let mut events = Vec::new();
+            let more = self.live.poll(&mut events);
+            self.consume(events);
+            if !more {
+                break;
+            }
+        }
     }
 
     /// Run `action` on another thread while draining the ring buffer here, as the agent does

@@ -5,6 +5,10 @@
 //! - `build-ebpf`: compile `ebpf/` and refresh the committed object in `ebpf/prebuilt/`.
 //! - `check-ebpf`: fail when the committed object is stale against the eBPF sources.
 //! - `test`: every check CI runs.
+//! - `demo`: the main job, on the real vLLM.
+//! - `bench-capture`: the capture benchmark of BENCHMARKS.md.
+mod bench;
+mod demo;
 mod ebpf;
 mod test;
 
@@ -32,6 +36,20 @@ enum Task {
     BuildEbpf,
     /// Fail if ebpf/prebuilt/ was not rebuilt after the eBPF sources changed.
     CheckEbpf,
+    /// The main job: start the real vLLM (installed on first use), attach, send requests.
+    Demo {
+        /// Port of the vLLM API server.
+        #[arg(long, default_value_t = 8321)]
+        port: u16,
+        /// Leave vLLM running afterwards.
+        #[arg(long)]
+        keep_engine: bool,
+    },
+    /// Capture benchmark: added cost per syscall, pipeline throughput, overload (needs root).
+    BenchCapture,
+    /// The process traced by bench-capture (internal).
+    #[command(hide = true)]
+    BenchLoad { count: u64, size: usize },
     /// Run every check CI runs (needs root): eBPF freshness, fmt, clippy, tests, fuzz smoke.
     Test {
         /// Skip the fuzz runs (quicker local iterations).
@@ -46,6 +64,9 @@ fn main() -> anyhow::Result<()> {
         Task::BuildEbpf => ebpf::build(),
         Task::CheckEbpf => ebpf::check(),
         Task::Test { skip_fuzz } => test::test(skip_fuzz),
+        Task::BenchCapture => bench::bench_capture(),
+        Task::BenchLoad { count, size } => bench::bench_load(count, size),
+        Task::Demo { port, keep_engine } => demo::demo(&demo::DemoOptions { port, keep_engine }),
     }
 }
 

@@ -180,10 +180,12 @@ impl KernelCapture {
         }
     }
 
-    /// Hand every record now in the ring buffer to `sink`, as the kernel wrote it.
-    pub fn drain(&mut self, mut sink: impl FnMut(&[u8])) -> usize {
+    /// Hand up to `max` records from the ring buffer to `sink`, as the kernel wrote them.
+    /// Returns how many were handed over.
+    pub fn drain(&mut self, max: usize, mut sink: impl FnMut(&[u8])) -> usize {
         let mut n = 0;
-        while let Some(item) = self.ring.next() {
+        while n < max {
+            let Some(item) = self.ring.next() else { break };
             sink(&item);
             n += 1;
         }

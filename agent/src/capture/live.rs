@@ -10,6 +10,9 @@ use super::{
 };
 use crate::discover::{procfs, sockets};
 
+/// Records read from the ring buffer before their /proc look-ups are done.
+const BATCH: usize = 1024;
+
 /// Counts of what the live layer itself could not handle.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LiveStats {
@@ -61,28 +64,33 @@ impl LiveCapture {
         ))
     }
 
-    /// Drain the ring buffer. Each raw record goes to `raw` (for recording) and, parsed, into
-    /// `out` together with the /proc answers it triggered. Ends with counters and a Tick.
-    pub fn poll(&mut self, out: &mut Vec<CaptureEvent>, mut raw: impl FnMut(&[u8])) {
+    /// Read one batch of records from the ring buffer into `out`, each preceded by the /proc
+    /// answers it triggered (a new fd is classified while it still exists, even under a flood).
+    /// When the ring buffer is empty, adds the kernel counters and a Tick, and returns false;
+    /// true means more records are probably waiting.
+    pub fn poll(&mut self, out: &mut Vec<CaptureEvent>) -> bool {
         let mut parsed = Vec::new();
         let mut bad = 0;
-        self.kernel.drain(|bytes| {
-            raw(bytes);
-            match records::parse(bytes) {
+        let n = self
+            .kernel
+            .drain(BATCH, |bytes| match records::parse(bytes) {
                 Ok(record) => parsed.push(record),
                 Err(e) => {
                     bad += 1;
                     tracing::warn!("kernel record not understood: {e}");
                 }
-            }
-        });
+            });
         self.stats.bad_records += bad;
         for record in parsed {
             self.react(&record, out);
             out.push(CaptureEvent::Kernel(record));
         }
+        if n == BATCH {
+            return true;
+        }
         out.push(CaptureEvent::Counters(self.kernel.counters()));
         out.push(CaptureEvent::Tick);
+        false
     }
 
     /// Side effects a record asks for: classify a new fd, drop threads, forget exited processes.

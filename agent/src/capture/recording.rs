@@ -1,8 +1,9 @@
 //! The recording file: `infertrace record` writes it, `infertrace replay` reads it.
 //!
 //! Layout: the line `INFERTRACE-RECORDING 1`, one JSON line [`Header`], then frames
-//! `[tag u8][len u32 LE][body]`: tag 1 = a raw kernel record (the ring-buffer bytes), tag 2 = a
-//! JSON [`MetaEvent`]. Raw records keep replay on the very parser live capture uses.
+//! `[tag u8][len u32 LE][body]`: tag 1 = a kernel record in the ring buffer's byte layout,
+//! tag 2 = a JSON [`MetaEvent`], in the order the events happened. Kernel records in their
+//! own layout keep replay on the very parser live capture uses.
 use std::io::{self, BufRead, Write};
 
 use serde::{Deserialize, Serialize};
@@ -64,15 +65,12 @@ impl<W: Write> Writer<W> {
         Ok(Self { out })
     }
 
-    /// Store a raw kernel record.
-    pub fn kernel(&mut self, raw: &[u8]) -> io::Result<()> {
-        self.frame(TAG_KERNEL, raw)
-    }
-
-    /// Store a non-kernel event (kernel events are stored raw by [`Writer::kernel`]).
-    pub fn meta(&mut self, event: &CaptureEvent) -> io::Result<()> {
+    /// Store one event, in stream order.
+    pub fn write(&mut self, event: &CaptureEvent) -> io::Result<()> {
         let meta = match event {
-            CaptureEvent::Kernel(_) => return Ok(()),
+            CaptureEvent::Kernel(record) => {
+                return self.frame(TAG_KERNEL, &records::encode(record));
+            }
             CaptureEvent::Process(p) => MetaEvent::Process(p.clone()),
             CaptureEvent::Fd { tgid, fd, kind } => MetaEvent::Fd {
                 tgid: *tgid,
@@ -181,6 +179,7 @@ fn decode_frame(tag: u8, body: &[u8]) -> Result<CaptureEvent, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capture::Record;
     use infertrace_common::{IoRecord, RecordHeader, io_flags, kind};
 
     fn header() -> Header {
@@ -209,7 +208,10 @@ mod tests {
             flags: io_flags::LAST,
             ..IoRecord::default()
         };
-        let raw = records::encode_io(&io, b"hi");
+        let kernel = CaptureEvent::Kernel(Record::Io {
+            io,
+            payload: b"hi".to_vec(),
+        });
         let fd = CaptureEvent::Fd {
             tgid: 1,
             fd: 3,
@@ -217,16 +219,13 @@ mod tests {
         };
         let mut buf = Vec::new();
         let mut w = Writer::new(&mut buf, &header()).unwrap();
-        w.kernel(&raw).unwrap();
-        w.meta(&fd).unwrap();
-        w.meta(&CaptureEvent::Tick).unwrap();
+        w.write(&kernel).unwrap();
+        w.write(&fd).unwrap();
+        w.write(&CaptureEvent::Tick).unwrap();
         w.flush().unwrap();
         let (mut r, h) = Reader::open(&buf[..]).unwrap();
         assert_eq!(h, header());
-        assert_eq!(
-            r.next_event().unwrap(),
-            Some(CaptureEvent::Kernel(records::parse(&raw).unwrap()))
-        );
+        assert_eq!(r.next_event().unwrap(), Some(kernel));
         assert_eq!(r.next_event().unwrap(), Some(fd));
         assert_eq!(r.next_event().unwrap(), Some(CaptureEvent::Tick));
         assert_eq!(r.next_event().unwrap(), None);

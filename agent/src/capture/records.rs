@@ -128,16 +128,49 @@ fn comm(raw: &[u8; 16]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-/// Serialise a record back to the kernel's byte layout (tests and tools that synthesise input).
-pub fn encode_io(io: &IoRecord, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(size_of::<IoRecord>() + payload.len());
-    // SAFETY: IoRecord is repr(C) plain data; viewing it as bytes is sound.
-    let head = unsafe {
-        std::slice::from_raw_parts((io as *const IoRecord).cast::<u8>(), size_of::<IoRecord>())
+/// Serialise a record back to the kernel's byte layout: `parse(&encode(r)) == r`. Recordings
+/// store records this way, so replay runs the very parser live capture uses.
+pub fn encode(record: &Record) -> Vec<u8> {
+    fn comm_bytes(comm: &str) -> [u8; 16] {
+        let mut raw = [0u8; 16];
+        let n = comm.len().min(15);
+        raw[..n].copy_from_slice(&comm.as_bytes()[..n]);
+        raw
+    }
+    let proc = |header: &RecordHeader, child: u32, comm: &str| {
+        bytes_of(&ProcRecord {
+            header: *header,
+            child,
+            _pad: 0,
+            comm: comm_bytes(comm),
+        })
     };
-    out.extend_from_slice(head);
-    out.extend_from_slice(payload);
-    out
+    match record {
+        Record::Fork {
+            header,
+            child,
+            comm,
+        } => proc(header, *child, comm),
+        Record::Exec { header, comm } => proc(header, header.tgid, comm),
+        Record::Exit { header } => proc(header, header.tgid, ""),
+        Record::NewFd { header, fd } | Record::Close { header, fd } => bytes_of(&NewFdRecord {
+            header: *header,
+            fd: *fd,
+            _pad: 0,
+        }),
+        Record::Io { io, payload } => {
+            let mut out = bytes_of(io);
+            out.extend_from_slice(payload);
+            out
+        }
+    }
+}
+
+/// The bytes of a `repr(C)` plain-integer ABI struct.
+fn bytes_of<T: Copy>(value: &T) -> Vec<u8> {
+    // SAFETY: T is one of the ABI structs: repr(C) integers and byte arrays with explicit
+    // padding fields, so every byte is initialised.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
 }
 
 #[cfg(test)]
@@ -168,8 +201,63 @@ mod tests {
     }
 
     #[test]
+    fn every_kind_round_trips() {
+        let header = RecordHeader {
+            kind: kind::FORK,
+            tgid: 1,
+            tid: 2,
+            _pad: 0,
+            ts_ns: 3,
+        };
+        let records = [
+            Record::Fork {
+                header,
+                child: 9,
+                comm: "python3".into(),
+            },
+            Record::Exec {
+                header: RecordHeader {
+                    kind: kind::EXEC,
+                    ..header
+                },
+                comm: "vllm".into(),
+            },
+            Record::Exit {
+                header: RecordHeader {
+                    kind: kind::EXIT,
+                    ..header
+                },
+            },
+            Record::NewFd {
+                header: RecordHeader {
+                    kind: kind::NEW_FD,
+                    ..header
+                },
+                fd: 7,
+            },
+            Record::Close {
+                header: RecordHeader {
+                    kind: kind::CLOSE,
+                    ..header
+                },
+                fd: 7,
+            },
+            Record::Io {
+                io: io(3),
+                payload: b"abc".to_vec(),
+            },
+        ];
+        for record in records {
+            assert_eq!(parse(&encode(&record)).unwrap(), record);
+        }
+    }
+
+    #[test]
     fn io_round_trip_ignores_ring_padding() {
-        let mut bytes = encode_io(&io(3), b"abc");
+        let mut bytes = encode(&Record::Io {
+            io: io(3),
+            payload: b"abc".to_vec(),
+        });
         bytes.extend_from_slice(&[0; 5]);
         match parse(&bytes).unwrap() {
             Record::Io { io: r, payload } => {
@@ -183,7 +271,10 @@ mod tests {
     #[test]
     fn short_and_lying_records_are_errors() {
         assert!(matches!(parse(&[1, 0, 0]), Err(RecordError::Short { .. })));
-        let bytes = encode_io(&io(10), b"abc");
+        let bytes = encode(&Record::Io {
+            io: io(10),
+            payload: b"abc".to_vec(),
+        });
         assert_eq!(
             parse(&bytes),
             Err(RecordError::PayloadLength {
@@ -191,7 +282,10 @@ mod tests {
                 present: 3
             })
         );
-        let mut unknown = encode_io(&io(0), b"");
+        let mut unknown = encode(&Record::Io {
+            io: io(0),
+            payload: Vec::new(),
+        });
         unknown[0] = 99;
         assert_eq!(parse(&unknown), Err(RecordError::UnknownKind(99)));
     }

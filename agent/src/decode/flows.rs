@@ -39,6 +39,21 @@ pub enum Decoded {
     },
 }
 
+impl Decoded {
+    /// When the message began (first byte of the request, or of the ZMTP message).
+    pub fn start_ns(&self) -> u64 {
+        match self {
+            Decoded::Http { exchange, .. } => exchange
+                .request
+                .as_ref()
+                .map(|r| r.first_ns)
+                .or_else(|| exchange.response.as_ref().map(|r| r.first_ns))
+                .unwrap_or(0),
+            Decoded::Zmtp { message, .. } => message.first_ns,
+        }
+    }
+}
+
 /// Counters of everything the stage dropped or repaired.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct FlowStats {
@@ -117,35 +132,33 @@ impl Stream {
         }
     }
 
-    /// Called once per drain: give up on syscalls that have been waited for too long.
+    /// Called once per drain: every held syscall ages by one tick; the ones that have waited
+    /// long enough are given up on in order (holes before them become gaps).
     fn tick(&mut self, out: &mut Vec<Piece>, stats: &mut FlowStats) {
         self.ready(out, stats);
-        let Some(next) = self.next_seq else { return };
-        let Some((&first, _)) = self.pending.first_key_value() else {
-            return;
-        };
-        let waited = {
-            let call = self.pending.get_mut(&first).map(|c| {
-                c.waited += 1;
-                c.waited
-            });
-            call.unwrap_or(0)
-        };
-        if waited < REORDER_TICKS {
-            return;
+        for call in self.pending.values_mut() {
+            call.waited += 1;
         }
-        if first != next {
-            // Whole syscalls [next, first) never arrived.
-            stats.gaps += 1;
-            out.push(Piece::Gap);
-            self.next_seq = Some(first);
-        } else if let Some(mut call) = self.pending.remove(&first) {
-            // Its LAST record never arrived.
-            call.broken = true;
-            self.next_seq = Some(first + 1);
-            deliver(call, out, stats);
+        while let Some(next) = self.next_seq {
+            let Some((&first, call)) = self.pending.first_key_value() else {
+                break;
+            };
+            if call.waited < REORDER_TICKS {
+                break;
+            }
+            if first != next {
+                // Whole syscalls [next, first) never arrived.
+                stats.gaps += 1;
+                out.push(Piece::Gap);
+                self.next_seq = Some(first);
+            } else if let Some(mut call) = self.pending.remove(&first) {
+                // Its LAST record never arrived.
+                call.broken |= !call.done;
+                self.next_seq = Some(first + 1);
+                deliver(call, out, stats);
+            }
+            self.ready(out, stats);
         }
-        self.ready(out, stats);
     }
 }
 

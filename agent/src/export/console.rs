@@ -24,7 +24,7 @@ impl Console {
             Decoded::Http { tgid, fd, exchange } => {
                 format!(
                     "{} http pid={tgid} fd={fd} {}",
-                    self.time(start_ns(exchange)),
+                    self.time(decoded.start_ns()),
                     http(exchange)
                 )
             }
@@ -53,15 +53,6 @@ impl Console {
             secs_of_day % 60
         )
     }
-}
-
-fn start_ns(exchange: &HttpExchange) -> u64 {
-    exchange
-        .request
-        .as_ref()
-        .map(|r| r.first_ns)
-        .or_else(|| exchange.response.as_ref().map(|r| r.first_ns))
-        .unwrap_or(0)
 }
 
 fn http(exchange: &HttpExchange) -> String {

@@ -1,0 +1,233 @@
+//! `cargo xtask bench-capture`: what capture costs and how much it can carry (BENCHMARKS.md).
+//!
+//! 1. Added cost per captured syscall: a load process sends N ZMTP messages over a unix
+//!    socket pair (one `write` and one `read` per message); its time per message is measured
+//!    without the agent and with `infertrace attach` tracing it, alternating runs, medians.
+//! 2. Pipeline throughput: the same load is recorded (`infertrace record`), then
+//!    `infertrace replay` decodes the file on one core: records/s and MiB/s.
+//! 3. Overload: a small ring buffer and a flood of 64 KiB messages: lost records must be
+//!    counted and decoding must carry on after each gap.
+//!
+//! The load process is this binary itself (`cargo xtask bench-load`), so nothing but the
+//! syscalls under test runs in the traced process.
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    os::unix::net::UnixStream,
+    path::Path,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{root, run};
+
+/// Alternating runs per configuration.
+const RUNS: usize = 5;
+
+pub fn bench_capture() -> anyhow::Result<()> {
+    let root = root();
+    run(Command::new("cargo")
+        .args(["build", "--release", "-p", "infertrace", "-p", "xtask"])
+        .current_dir(&root))?;
+    let agent = root.join("target/release/infertrace");
+    let xtask = root.join("target/release/xtask");
+
+    println!(
+        "## Added cost per captured syscall (200000 messages of 100 B: 1 write + 1 read each)"
+    );
+    let mut without = Vec::new();
+    let mut with = Vec::new();
+    for _ in 0..RUNS {
+        without.push(load_run(&xtask, &agent, false, 200_000, 100, &[])?.ns_per_msg);
+        with.push(load_run(&xtask, &agent, true, 200_000, 100, &[])?.ns_per_msg);
+    }
+    let (a, b) = (median(&mut without), median(&mut with));
+    println!(
+        "without agent: median {a:.0} ns/message  (runs: {})",
+        fmt(&without)
+    );
+    println!(
+        "with agent:    median {b:.0} ns/message  (runs: {})",
+        fmt(&with)
+    );
+    println!(
+        "added: {:.0} ns per message = {:.0} ns per captured syscall",
+        b - a,
+        (b - a) / 2.0
+    );
+
+    println!("\n## Pipeline throughput (replay of a recording, one core)");
+    let file = std::env::temp_dir().join("infertrace-bench.rec");
+    let load = load_run(
+        &xtask,
+        &agent,
+        true,
+        100_000,
+        4096,
+        &["record", "-o", file.to_str().unwrap_or("")],
+    )?;
+    let size = std::fs::metadata(&file)?.len();
+    let start = Instant::now();
+    let out = Command::new(&agent)
+        .arg("replay")
+        .arg(&file)
+        .stdout(Stdio::null())
+        .output()?;
+    let secs = start.elapsed().as_secs_f64();
+    let summary = String::from_utf8_lossy(&out.stderr).to_string();
+    let syscalls = number_before(&summary, " syscalls").unwrap_or(0.0);
+    let messages = number_before(&summary, " messages").unwrap_or(0.0);
+    println!(
+        "recorded {} messages of 4 KiB ({:.1} MiB file); replay decoded {messages:.0} messages \
+         from {syscalls:.0} syscalls in {secs:.2} s: {:.0} syscalls/s, {:.1} MiB/s",
+        load.messages,
+        size as f64 / 1048576.0,
+        syscalls / secs,
+        size as f64 / 1048576.0 / secs
+    );
+    let _ = std::fs::remove_file(&file);
+
+    println!("\n## Overload: 1 MiB ring buffer, 20000 messages of 64 KiB as fast as possible");
+    let flood = load_run(
+        &xtask,
+        &agent,
+        true,
+        20_000,
+        64 * 1024,
+        &["--ring-mib", "1", "--poll-ms", "50"],
+    )?;
+    println!("{}", flood.agent_summary.trim());
+    Ok(())
+}
+
+struct LoadResult {
+    ns_per_msg: f64,
+    messages: u64,
+    agent_summary: String,
+}
+
+/// Run the load process, optionally under the agent (`agent_args` replaces `attach`).
+fn load_run(
+    xtask: &Path,
+    agent: &Path,
+    traced: bool,
+    messages: u64,
+    size: usize,
+    agent_args: &[&str],
+) -> anyhow::Result<LoadResult> {
+    let mut load = Command::new(xtask)
+        .args(["bench-load", &messages.to_string(), &size.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let pid = load.id().to_string();
+    let mut agent_child = None;
+    if traced {
+        let mut args: Vec<&str> = if agent_args.first() == Some(&"record") {
+            agent_args.to_vec()
+        } else {
+            let mut a = vec!["attach"];
+            a.extend_from_slice(agent_args);
+            a
+        };
+        args.extend_from_slice(&["--pid", &pid]);
+        let child = Command::new(agent)
+            .args(&args)
+            .env("INFERTRACE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        agent_child = Some(child);
+        // Attached when the programs are loaded: give it a moment.
+        thread::sleep(Duration::from_millis(1500));
+    }
+    let mut stdin = load.stdin.take().context("load stdin")?;
+    writeln!(stdin, "go")?;
+    let mut line = String::new();
+    BufReader::new(load.stdout.take().context("load stdout")?).read_line(&mut line)?;
+    let ns_per_msg: f64 = line
+        .trim()
+        .parse()
+        .with_context(|| format!("load printed {line:?}"))?;
+    drop(stdin);
+    load.wait()?;
+    let mut agent_summary = String::new();
+    if let Some(mut child) = agent_child {
+        // The agent stops by itself once the traced process has exited.
+        let status = child.wait()?;
+        child
+            .stderr
+            .take()
+            .context("agent stderr")?
+            .read_to_string(&mut agent_summary)?;
+        if !status.success() {
+            bail!("agent failed: {agent_summary}");
+        }
+    }
+    Ok(LoadResult {
+        ns_per_msg,
+        messages,
+        agent_summary,
+    })
+}
+
+/// The traced load: waits for "go" on stdin, then sends `count` ZMTP frames of `size` bytes
+/// over a unix socket pair (one write each) while a thread reads them; prints ns per message.
+pub fn bench_load(count: u64, size: usize) -> anyhow::Result<()> {
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    let (mut tx, mut rx) = UnixStream::pair()?;
+    let mut frame = Vec::with_capacity(size + 9);
+    if size > 255 {
+        frame.push(0x02);
+        frame.extend_from_slice(&(size as u64).to_be_bytes());
+    } else {
+        frame.push(0x00);
+        frame.push(size as u8);
+    }
+    frame.extend((0..size).map(|i| (i % 251) as u8));
+    let total = frame.len() as u64 * count;
+    let reader = thread::spawn(move || {
+        let mut buf = vec![0u8; frame_len(size)];
+        let mut got = 0u64;
+        while got < total {
+            match rx.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n as u64,
+            }
+        }
+    });
+    let start = Instant::now();
+    for _ in 0..count {
+        tx.write_all(&frame)?;
+    }
+    drop(tx);
+    let _ = reader.join();
+    println!("{:.1}", start.elapsed().as_nanos() as f64 / count as f64);
+    Ok(())
+}
+
+fn frame_len(size: usize) -> usize {
+    size + if size > 255 { 9 } else { 2 }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn fmt(values: &[f64]) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The number just before `suffix` in `text` ("decoded 12 messages" -> 12).
+fn number_before(text: &str, suffix: &str) -> Option<f64> {
+    let end = text.find(suffix)?;
+    text[..end].rsplit(' ').next()?.parse().ok()
+}
