@@ -86,8 +86,11 @@ pub struct Tracer {
 
 impl Tracer {
     pub fn attach(pids: &[u32]) -> Self {
-        let (live, initial) =
-            LiveCapture::attach(pids, &KernelOptions::default()).expect("attach (run as root)");
+        Self::attach_with(pids, &KernelOptions::default())
+    }
+
+    pub fn attach_with(pids: &[u32], options: &KernelOptions) -> Self {
+        let (live, initial) = LiveCapture::attach(pids, options).expect("attach (run as root)");
         let mut tracer = Self {
             live,
             flows: FlowTable::new(),
@@ -120,11 +123,20 @@ impl Tracer {
     /// Run `action` on another thread while draining the ring buffer here, as the agent does
     /// live: /proc is consulted while the processes and fds still exist.
     pub fn pump_during<T: Send>(&mut self, action: impl FnOnce() -> T + Send) -> T {
+        self.pump_every_during(Duration::from_millis(5), action)
+    }
+
+    /// Like [`Tracer::pump_during`], draining only every `period` (a slow reader).
+    pub fn pump_every_during<T: Send>(
+        &mut self,
+        period: Duration,
+        action: impl FnOnce() -> T + Send,
+    ) -> T {
         std::thread::scope(|scope| {
             let handle = scope.spawn(action);
             while !handle.is_finished() {
                 self.pump();
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(period);
             }
             handle.join().expect("test action panicked")
         })
@@ -187,6 +199,18 @@ impl Tracer {
             self.flows.stats()
         ));
         lines.join("\n")
+    }
+
+    /// The kernel's loss counters as of the last drain.
+    pub fn kernel_counters(&self) -> infertrace::capture::KernelCounters {
+        self.events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                CaptureEvent::Counters(c) => Some(*c),
+                _ => None,
+            })
+            .unwrap_or_default()
     }
 
     /// Pump a few more times (for anything still in flight) and close every flow.
