@@ -112,8 +112,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Record { capture, output } => live(&capture, Some(output)),
         Command::Replay { file } => {
             let mut console = None;
-            let (header, summary) = session::replay(&file, |d| {
-                let c = console.get_or_insert_with(|| Console::new(0));
+            let (header, summary) = session::replay(&file, |header, d| {
+                let c =
+                    console.get_or_insert_with(|| Console::new(header.realtime_minus_monotonic_ns));
                 println!("{}", c.line(d));
             })?;
             eprintln!(

@@ -15,7 +15,7 @@ use tokio::{
 
 use crate::{
     capture::{
-        CaptureEvent, KernelCounters,
+        CaptureEvent, KernelCounters, Record,
         kernel::KernelOptions,
         live::LiveCapture,
         recording::{Header, Reader, Writer},
@@ -38,10 +38,29 @@ pub struct LiveOptions {
 /// What a session saw, printed when it ends.
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
+    /// Kernel records handled, and their payload bytes.
+    pub records: u64,
+    pub payload_bytes: u64,
     pub kernel: KernelCounters,
     pub flows: FlowStats,
     pub messages: u64,
     pub bad_records: u64,
+}
+
+impl Summary {
+    /// Count one event on its way into the decoding stage.
+    fn count(&mut self, event: &CaptureEvent) {
+        match event {
+            CaptureEvent::Counters(c) => self.kernel = *c,
+            CaptureEvent::Kernel(record) => {
+                self.records += 1;
+                if let Record::Io { payload, .. } = record {
+                    self.payload_bytes += payload.len() as u64;
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 impl std::fmt::Display for Summary {
@@ -50,9 +69,11 @@ impl std::fmt::Display for Summary {
         let s = &self.flows;
         write!(
             f,
-            "decoded {} messages from {} syscalls ({} B); lost: {} ring-full records, {} truncated \
-             syscalls ({} B past the cap), {} unreadable chunks, {} map-full; {} stream gaps, \
-             {} late records, {} bad records",
+            "{} records ({} B of payload); decoded {} messages from {} syscalls ({} B); lost: {} \
+             ring-full records, {} truncated syscalls ({} B past the cap), {} unreadable chunks, \
+             {} map-full; {} stream gaps, {} late records, {} bad records",
+            self.records,
+            self.payload_bytes,
             self.messages,
             s.syscalls,
             s.bytes,
@@ -163,9 +184,7 @@ pub async fn run_live(
                 if let Some(w) = recorder.as_mut() {
                     w.write(&event).context("writing the recording")?;
                 }
-                if let CaptureEvent::Counters(c) = event {
-                    summary.kernel = c;
-                }
+                summary.count(&event);
                 batch.extend(flows.handle(&event));
             }
             // Flows complete in drain order; show each batch's messages in time order.
@@ -197,8 +216,12 @@ pub async fn run_live(
     Ok(summary)
 }
 
-/// Replay a recording through the same decoding stage. Needs no privileges.
-pub fn replay(path: &Path, mut sink: impl FnMut(&Decoded)) -> anyhow::Result<(Header, Summary)> {
+/// Replay a recording through the same decoding stage. Needs no privileges. `sink` also
+/// gets the recording's header (for its clock offset).
+pub fn replay(
+    path: &Path,
+    mut sink: impl FnMut(&Header, &Decoded),
+) -> anyhow::Result<(Header, Summary)> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let (mut reader, header) = Reader::open(BufReader::new(file))
         .with_context(|| format!("reading {}", path.display()))?;
@@ -208,14 +231,13 @@ pub fn replay(path: &Path, mut sink: impl FnMut(&Decoded)) -> anyhow::Result<(He
     let result = loop {
         match reader.next_event() {
             Ok(Some(event)) => {
-                match &event {
-                    CaptureEvent::Counters(c) => summary.kernel = *c,
-                    CaptureEvent::Kernel(r) => last_ts = last_ts.max(r.header().ts_ns),
-                    _ => {}
+                summary.count(&event);
+                if let CaptureEvent::Kernel(r) = &event {
+                    last_ts = last_ts.max(r.header().ts_ns);
                 }
                 for decoded in flows.handle(&event) {
                     summary.messages += 1;
-                    sink(&decoded);
+                    sink(&header, &decoded);
                 }
             }
             Ok(None) => break Ok(()),
@@ -224,7 +246,7 @@ pub fn replay(path: &Path, mut sink: impl FnMut(&Decoded)) -> anyhow::Result<(He
     };
     for decoded in flows.finish(last_ts) {
         summary.messages += 1;
-        sink(&decoded);
+        sink(&header, &decoded);
     }
     summary.flows = flows.stats();
     summary.bad_records = reader.bad_frames;

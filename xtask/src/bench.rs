@@ -77,16 +77,19 @@ pub fn bench_capture() -> anyhow::Result<()> {
         .output()?;
     let secs = start.elapsed().as_secs_f64();
     let summary = String::from_utf8_lossy(&out.stderr).to_string();
-    let syscalls = number_before(&summary, " syscalls").unwrap_or(0.0);
+    let records = number_before(&summary, " records (").unwrap_or(0.0);
+    let payload = number_before(&summary, " B of payload").unwrap_or(0.0);
     let messages = number_before(&summary, " messages").unwrap_or(0.0);
     println!(
-        "recorded {} messages of 4 KiB ({:.1} MiB file); replay decoded {messages:.0} messages \
-         from {syscalls:.0} syscalls in {secs:.2} s: {:.0} syscalls/s, {:.1} MiB/s",
+        "the load sent {} messages of 4 KiB; the recording ({:.1} MiB) holds {records:.0} \
+         records; replay decoded {messages:.0} messages in {secs:.2} s: {:.0} records/s, \
+         {:.1} MiB/s of payload",
         load.messages,
         size as f64 / 1048576.0,
-        syscalls / secs,
-        size as f64 / 1048576.0 / secs
+        records / secs,
+        payload / 1048576.0 / secs
     );
+    println!("recording agent: {}", load.agent_summary.trim());
     let _ = std::fs::remove_file(&file);
 
     println!("\n## Overload: 1 MiB ring buffer, 20000 messages of 64 KiB as fast as possible");

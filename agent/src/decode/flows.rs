@@ -24,7 +24,7 @@ const MAX_PENDING: usize = 4096;
 const MAX_FLOWS: usize = 16384;
 
 /// What the decoding stage produces.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Decoded {
     Http {
         tgid: u32,
