@@ -1,5 +1,5 @@
 //! The `infertrace` command.
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 use infertrace::{
@@ -53,7 +53,8 @@ enum Command {
 
 #[derive(Args, Clone)]
 struct CaptureArgs {
-    /// Process to trace (an engine's API server: its engine processes are followed). Repeatable.
+    /// Process to trace: an engine's API server (its engine processes are followed); find it
+    /// with `infertrace discover`. Repeatable.
     #[arg(short, long = "pid", required = true)]
     pids: Vec<u32>,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM, or the processes exit).
@@ -96,6 +97,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -112,11 +114,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Record { capture, output } => live(&capture, Some(output)),
         Command::Replay { file } => {
             let mut console = None;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let (header, summary) = session::replay(&file, |header, d| {
                 let c =
                     console.get_or_insert_with(|| Console::new(header.realtime_minus_monotonic_ns));
-                println!("{}", c.line(d));
+                let _ = writeln!(out, "{}", c.line(d));
             })?;
+            out.flush()?;
             eprintln!(
                 "replayed {} (host {}, kernel {}, pids {:?}): {summary}",
                 file.display(),
@@ -157,9 +161,16 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let summary = runtime.block_on(session::run_live(&options, record.as_deref(), |d| {
+    let summary = runtime.block_on(session::run_live(&options, record.as_deref(), |batch| {
         if !quiet {
-            println!("{}", console.line(d));
+            // One write per batch: a busy engine produces thousands of lines a second.
+            let mut text = String::new();
+            for decoded in batch {
+                text.push_str(&console.line(decoded));
+                text.push('\n');
+            }
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
         }
     }))?;
     eprintln!("infertrace: detached. {summary}");

@@ -45,6 +45,8 @@ pub struct Summary {
     pub flows: FlowStats,
     pub messages: u64,
     pub bad_records: u64,
+    /// Fds closed before /proc could say what they were (decoded by content).
+    pub vanished_fds: u64,
 }
 
 impl Summary {
@@ -71,7 +73,8 @@ impl std::fmt::Display for Summary {
             f,
             "{} records ({} B of payload); decoded {} messages from {} syscalls ({} B); lost: {} \
              ring-full records, {} truncated syscalls ({} B past the cap), {} unreadable chunks, \
-             {} map-full; {} stream gaps, {} late records, {} bad records",
+             {} map-full; {} stream gaps, {} late records, {} bad records; {} fds closed \
+             before classification (decoded by content)",
             self.records,
             self.payload_bytes,
             self.messages,
@@ -84,7 +87,8 @@ impl std::fmt::Display for Summary {
             k.map_full,
             s.gaps,
             s.late_records,
-            self.bad_records
+            self.bad_records,
+            self.vanished_fds
         )
     }
 }
@@ -121,15 +125,28 @@ impl AsRawFd for RingFd {
     }
 }
 
-/// Run a live session: every decoded message goes to `sink`; with `record`, every event is
+/// Run a live session: decoded messages go to `sink`, one time-ordered batch per call (so
+/// that an output can write a batch at once); with `record`, every event is
 /// also written to that file. Returns when the duration elapses, on SIGINT/SIGTERM, or when
 /// all attached processes have exited; pending data is flushed first.
 pub async fn run_live(
     options: &LiveOptions,
     record: Option<&Path>,
-    mut sink: impl FnMut(&Decoded),
+    mut sink: impl FnMut(&[Decoded]),
 ) -> anyhow::Result<Summary> {
     let (mut live, initial) = LiveCapture::attach(&options.pids, &options.kernel)?;
+    let traced: Vec<String> = initial
+        .iter()
+        .filter_map(|e| match e {
+            CaptureEvent::Process(p) => Some(format!("{} ({})", p.pid, p.comm)),
+            _ => None,
+        })
+        .collect();
+    tracing::info!(
+        "attached: tracing {} processes: {}",
+        traced.len(),
+        traced.join(", ")
+    );
     let mut recorder = match record {
         Some(path) => {
             let header = Header {
@@ -159,7 +176,10 @@ pub async fn run_live(
         unsafe { AsyncFd::register_with_interest(RingFd(live.ring_fd()), Interest::READABLE) }
             .map_err(|e| anyhow::anyhow!("watching the ring buffer fd: {e}"))?;
     let mut ticker = tokio::time::interval(options.poll_interval);
+    // One listener per signal for the whole session: a future re-created in each select!
+    // round would lose a signal that arrives in a round another branch wins.
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
     let deadline = tokio::time::sleep(
         options
             .duration
@@ -172,7 +192,7 @@ pub async fn run_live(
         tokio::select! {
             _ = ticker.tick() => {}
             guard = ring.readable() => { if let Ok(mut g) = guard { g.clear_ready(); } }
-            _ = tokio::signal::ctrl_c() => stop = true,
+            _ = sigint.recv() => stop = true,
             _ = sigterm.recv() => stop = true,
             _ = &mut deadline => stop = true,
         }
@@ -190,12 +210,14 @@ pub async fn run_live(
             // Flows complete in drain order; show each batch's messages in time order.
             batch.sort_by_key(Decoded::start_ns);
             summary.messages += batch.len() as u64;
-            batch.iter().for_each(&mut sink);
+            if !batch.is_empty() {
+                sink(&batch);
+            }
             if !more {
                 break;
             }
         }
-        if !stop && options.pids.iter().all(|&pid| !procfs::exists(pid)) {
+        if !stop && options.pids.iter().all(|&pid| !procfs::is_running(pid)) {
             tracing::info!("all attached processes have exited");
             stop = true;
         }
@@ -204,15 +226,16 @@ pub async fn run_live(
         }
     }
     drop(ring);
-    for decoded in flows.finish(monotonic_ns()) {
-        summary.messages += 1;
-        sink(&decoded);
-    }
+    let mut rest = flows.finish(monotonic_ns());
+    rest.sort_by_key(Decoded::start_ns);
+    summary.messages += rest.len() as u64;
+    sink(&rest);
     if let Some(mut w) = recorder {
         w.flush()?;
     }
     summary.flows = flows.stats();
     summary.bad_records = live.stats.bad_records;
+    summary.vanished_fds = live.stats.vanished_fds;
     Ok(summary)
 }
 

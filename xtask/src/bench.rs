@@ -39,9 +39,20 @@ pub fn bench_capture() -> anyhow::Result<()> {
     );
     let mut without = Vec::new();
     let mut with = Vec::new();
+    let mut deferred = Vec::new();
+    let mut agent_cpu = Vec::new();
+    let mut rss = 0;
+    // Deferred draining: a ring large enough for the whole run, drained every 5 s, so that the
+    // agent's own work does not compete with the load for this machine's 2 cores: what is
+    // left is the in-kernel cost.
+    let defer = ["--ring-mib", "256", "--poll-ms", "5000"];
     for _ in 0..RUNS {
         without.push(load_run(&xtask, &agent, false, 200_000, 100, &[])?.ns_per_msg);
-        with.push(load_run(&xtask, &agent, true, 200_000, 100, &[])?.ns_per_msg);
+        let traced = load_run(&xtask, &agent, true, 200_000, 100, &[])?;
+        with.push(traced.ns_per_msg);
+        // Two captured syscalls per message.
+        agent_cpu.push(traced.agent_cpu_s * 1e9 / 400_000.0);
+        rss = rss.max(traced.max_rss_kib);
     }
     let (a, b) = (median(&mut without), median(&mut with));
     println!(
@@ -56,6 +67,27 @@ pub fn bench_capture() -> anyhow::Result<()> {
         "added: {:.0} ns per message = {:.0} ns per captured syscall",
         b - a,
         (b - a) / 2.0
+    );
+    // After the default runs: RUSAGE_CHILDREN's peak RSS would otherwise include the
+    // 256 MiB ring buffer mapped by these.
+    for _ in 0..RUNS {
+        deferred.push(load_run(&xtask, &agent, true, 200_000, 100, &defer)?.ns_per_msg);
+    }
+    let c = median(&mut deferred);
+    println!(
+        "with agent, draining deferred: median {c:.0} ns/message  (runs: {})",
+        fmt(&deferred)
+    );
+    println!(
+        "in-kernel cost: {:.0} ns per message = {:.0} ns per captured syscall",
+        c - a,
+        (c - a) / 2.0
+    );
+    println!(
+        "agent CPU: median {:.0} ns per captured syscall (runs: {}); peak RSS of the children \
+         (agent or load) {rss} KiB",
+        median(&mut agent_cpu),
+        fmt(&agent_cpu)
     );
 
     println!("\n## Pipeline throughput (replay of a recording, one core)");
@@ -109,6 +141,33 @@ struct LoadResult {
     ns_per_msg: f64,
     messages: u64,
     agent_summary: String,
+    /// CPU seconds (user + system) the agent used, and the peak RSS of any child so far (KiB).
+    agent_cpu_s: f64,
+    max_rss_kib: i64,
+}
+
+/// `struct rusage` (x86_64 / aarch64 Linux layout).
+#[repr(C)]
+#[derive(Default)]
+struct Rusage {
+    utime: [i64; 2],
+    stime: [i64; 2],
+    maxrss: i64,
+    rest: [i64; 13],
+}
+
+unsafe extern "C" {
+    fn getrusage(who: i32, usage: *mut Rusage) -> i32;
+}
+
+/// CPU seconds of all waited-for children, and their largest peak RSS (KiB).
+fn children_usage() -> (f64, i64) {
+    const RUSAGE_CHILDREN: i32 = -1;
+    let mut usage = Rusage::default();
+    // SAFETY: valid `who` and out pointer of the kernel's layout.
+    unsafe { getrusage(RUSAGE_CHILDREN, &mut usage) };
+    let secs = |t: [i64; 2]| t[0] as f64 + t[1] as f64 / 1e6;
+    (secs(usage.utime) + secs(usage.stime), usage.maxrss)
 }
 
 /// Run the load process, optionally under the agent (`agent_args` replaces `attach`).
@@ -156,23 +215,27 @@ fn load_run(
         .with_context(|| format!("load printed {line:?}"))?;
     drop(stdin);
     load.wait()?;
+    let before = children_usage();
     let mut agent_summary = String::new();
     if let Some(mut child) = agent_child {
         // The agent stops by itself once the traced process has exited.
-        let status = child.wait()?;
         child
             .stderr
             .take()
             .context("agent stderr")?
             .read_to_string(&mut agent_summary)?;
+        let status = child.wait()?;
         if !status.success() {
             bail!("agent failed: {agent_summary}");
         }
     }
+    let after = children_usage();
     Ok(LoadResult {
         ns_per_msg,
         messages,
         agent_summary,
+        agent_cpu_s: after.0 - before.0,
+        max_rss_kib: after.1,
     })
 }
 
@@ -232,5 +295,5 @@ fn fmt(values: &[f64]) -> String {
 /// The number just before `suffix` in `text` ("decoded 12 messages" -> 12).
 fn number_before(text: &str, suffix: &str) -> Option<f64> {
     let end = text.find(suffix)?;
-    text[..end].rsplit(' ').next()?.parse().ok()
+    text[..end].rsplit([' ', '(']).next()?.parse().ok()
 }

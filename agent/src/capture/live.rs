@@ -8,7 +8,7 @@ use super::{
     kernel::{KernelCapture, KernelOptions},
     records,
 };
-use crate::discover::{procfs, sockets};
+use crate::discover::{procfs, sockets, sockets::FdKind};
 
 /// Records read from the ring buffer before their /proc look-ups are done.
 const BATCH: usize = 1024;
@@ -65,9 +65,12 @@ impl LiveCapture {
     }
 
     /// Read one batch of records from the ring buffer into `out`, each preceded by the /proc
-    /// answers it triggered (a new fd is classified while it still exists, even under a flood).
-    /// When the ring buffer is empty, adds the kernel counters and a Tick, and returns false;
-    /// true means more records are probably waiting.
+    /// answers it triggered (a new fd is classified while it still exists, even under a flood),
+    /// then the kernel counters and a Tick. Returns true when the batch was full: more records
+    /// are probably waiting.
+    ///
+    /// A Tick per batch, not per empty ring: under sustained load the ring never empties, and
+    /// the decoders must still give up on lost records after a bounded wait.
     pub fn poll(&mut self, out: &mut Vec<CaptureEvent>) -> bool {
         let mut parsed = Vec::new();
         let mut bad = 0;
@@ -85,12 +88,9 @@ impl LiveCapture {
             self.react(&record, out);
             out.push(CaptureEvent::Kernel(record));
         }
-        if n == BATCH {
-            return true;
-        }
         out.push(CaptureEvent::Counters(self.kernel.counters()));
         out.push(CaptureEvent::Tick);
-        false
+        n == BATCH
     }
 
     /// Side effects a record asks for: classify a new fd, drop threads, forget exited processes.
@@ -109,8 +109,16 @@ impl LiveCapture {
                             kind,
                         });
                     }
-                    // Closed before we looked: the kernel forgets it on close.
-                    None => self.stats.vanished_fds += 1,
+                    // Closed before we looked (the kernel forgets it on close, so there is
+                    // no decision to make): what was captured is decoded by its content.
+                    None => {
+                        self.stats.vanished_fds += 1;
+                        out.push(CaptureEvent::Fd {
+                            tgid,
+                            fd: *fd,
+                            kind: FdKind::Vanished,
+                        });
+                    }
                 }
             }
             Record::Fork { child, .. } => {

@@ -33,6 +33,7 @@ pub enum CaptureEvent {
     Fd { tgid: u32, fd: u32, kind: FdKind },
     /// The kernel's loss counters, read after a drain.
     Counters(KernelCounters),
-    /// End of one drain of the ring buffer: records that were going to arrive have arrived.
+    /// End of one batch read from the ring buffer. A record still missing after two ticks is
+    /// lost: records of one syscall are written within microseconds of each other.
     Tick,
 }

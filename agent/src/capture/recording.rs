@@ -126,12 +126,14 @@ impl<R: BufRead> Reader<R> {
     pub fn next_event(&mut self) -> Result<Option<CaptureEvent>, RecordingError> {
         loop {
             let mut head = [0u8; 5];
-            match self.input.read_exact(&mut head) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-                Err(e) => return Err(e.into()),
+            // End of file is clean only between frames.
+            if self.input.fill_buf()?.is_empty() {
+                return Ok(None);
             }
             self.index += 1;
+            self.input
+                .read_exact(&mut head)
+                .map_err(|e| self.frame_error(format!("truncated header: {e}")))?;
             let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
             if len > MAX_FRAME {
                 return Err(self.frame_error(format!("length {len} exceeds {MAX_FRAME}")));

@@ -94,7 +94,9 @@ enum Piece {
 
 impl Stream {
     fn add(&mut self, io: &IoRecord, payload: &[u8], stats: &mut FlowStats) {
-        let next = *self.next_seq.get_or_insert(io.seq);
+        // The kernel numbers a fd's syscalls from 0 when it first reports the fd, which is when
+        // its flow is created here: a flow always starts at 0, even on a mid-stream attach.
+        let next = *self.next_seq.get_or_insert(0);
         if io.seq < next {
             stats.late_records += 1;
             return;
@@ -218,7 +220,7 @@ impl Flow {
                 server_side: *server_side,
             }),
             FdKind::Unix { .. } => Some(Protocol::Zmtp(Box::default())),
-            FdKind::Other { .. } => None,
+            FdKind::Other { .. } | FdKind::Vanished => None,
         };
         Self {
             kind,
@@ -230,6 +232,12 @@ impl Flow {
 
     /// Feed ordered pieces of direction `dir` to the decoder.
     fn decode(&mut self, key: FlowKey, dir: u8, pieces: Vec<Piece>, out: &mut Vec<Decoded>) {
+        if self.kind == FdKind::Vanished
+            && self.protocol.is_none()
+            && let Some(Piece::Data { data, .. }) = pieces.first()
+        {
+            self.protocol = sniff(data, dir);
+        }
         let Some(protocol) = self.protocol.as_mut() else {
             return;
         };
@@ -282,6 +290,36 @@ impl Flow {
                 exchange: Box::new(exchange),
             }));
         }
+    }
+}
+
+/// The protocol of a flow whose socket could not be looked up, from the first bytes seen in
+/// direction `dir`: an HTTP request or status line, or a ZMTP greeting. None: not decoded.
+fn sniff(data: &[u8], dir: u8) -> Option<Protocol> {
+    const METHODS: [&[u8]; 7] = [
+        b"GET ",
+        b"POST ",
+        b"PUT ",
+        b"DELETE ",
+        b"HEAD ",
+        b"OPTIONS ",
+        b"PATCH ",
+    ];
+    let http = |server_side| {
+        Some(Protocol::Http {
+            conn: Box::default(),
+            server_side,
+        })
+    };
+    if METHODS.iter().any(|m| data.starts_with(m)) {
+        // The side that receives a request is the server.
+        http(dir == direction::INGRESS)
+    } else if data.starts_with(b"HTTP/1.") {
+        http(dir == direction::EGRESS)
+    } else if data.len() >= 10 && data[0] == 0xff && data[9] == 0x7f {
+        Some(Protocol::Zmtp(Box::default()))
+    } else {
+        None
     }
 }
 
@@ -414,5 +452,156 @@ impl FlowTable {
             self.stats.flows_evicted += 1;
             flow.close(key, 0, out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infertrace_common::{RecordHeader, kind};
+
+    const TGID: u32 = 7;
+    const FD: u32 = 3;
+
+    fn io(seq: u64, dir: u8, offset: u32, payload: &[u8], last: bool) -> CaptureEvent {
+        let io = IoRecord {
+            header: RecordHeader {
+                kind: kind::IO,
+                tgid: TGID,
+                tid: TGID,
+                _pad: 0,
+                ts_ns: seq,
+            },
+            seq,
+            ret: payload.len() as i64,
+            fd: FD,
+            offset,
+            len: payload.len() as u32,
+            flags: if last { io_flags::LAST } else { 0 },
+            direction: dir,
+            ..IoRecord::default()
+        };
+        CaptureEvent::Kernel(Record::Io {
+            io,
+            payload: payload.to_vec(),
+        })
+    }
+
+    fn table(kind: FdKind) -> FlowTable {
+        let mut t = FlowTable::new();
+        assert!(
+            t.handle(&CaptureEvent::Fd {
+                tgid: TGID,
+                fd: FD,
+                kind
+            })
+            .is_empty()
+        );
+        t
+    }
+
+    fn server() -> FdKind {
+        FdKind::Tcp {
+            local: "127.0.0.1:80".parse().unwrap(),
+            peer: "127.0.0.1:5000".parse().unwrap(),
+            server_side: true,
+            listening: false,
+        }
+    }
+
+    fn http_count(out: &[Decoded]) -> usize {
+        out.iter()
+            .filter(|d| matches!(d, Decoded::Http { .. }))
+            .count()
+    }
+
+    const REQ: &[u8] = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+    const RESP: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+    #[test]
+    fn chunks_of_one_syscall_and_syscalls_out_of_order_are_put_back_in_order() {
+        let mut t = table(server());
+        let mut out = t.handle(&io(0, direction::INGRESS, 0, REQ, true));
+        // The response's two syscalls arrive in reverse order; the first is split in 2 records.
+        out.extend(t.handle(&io(1, direction::EGRESS, 0, &RESP[40..], true)));
+        out.extend(t.handle(&io(0, direction::EGRESS, 0, &RESP[..20], false)));
+        out.extend(t.handle(&io(0, direction::EGRESS, 20, &RESP[20..40], true)));
+        assert_eq!(http_count(&out), 1);
+        let Decoded::Http { exchange, .. } = &out[0] else {
+            unreachable!()
+        };
+        assert_eq!(exchange.response.as_ref().unwrap().body, b"ok");
+        assert_eq!(t.stats().gaps, 0);
+    }
+
+    #[test]
+    fn a_syscall_that_never_arrives_becomes_a_gap_after_two_ticks() {
+        let mut t = table(server());
+        t.handle(&io(0, direction::INGRESS, 0, REQ, true));
+        // Response seq 0 is lost; seq 1 holds a whole new response that cannot be trusted as
+        // the first one's: the decoder must not glue them.
+        t.handle(&io(1, direction::EGRESS, 0, RESP, true));
+        assert!(t.handle(&CaptureEvent::Tick).is_empty());
+        let out = t.handle(&CaptureEvent::Tick);
+        assert_eq!(t.stats().gaps, 1);
+        // The request's exchange is reported incomplete, never with a made-up response body.
+        for d in &out {
+            if let Decoded::Http { exchange, .. } = d
+                && let Some(r) = &exchange.request
+            {
+                assert_eq!(r.path, "/a");
+                assert!(!exchange.complete);
+            }
+        }
+    }
+
+    #[test]
+    fn a_syscall_without_its_last_record_is_a_gap_and_late_records_are_counted() {
+        let mut t = table(server());
+        t.handle(&io(0, direction::INGRESS, 0, &REQ[..10], false));
+        t.handle(&CaptureEvent::Tick);
+        t.handle(&CaptureEvent::Tick);
+        assert_eq!(t.stats().gaps, 1);
+        t.handle(&io(0, direction::INGRESS, 10, &REQ[10..], true));
+        assert_eq!(t.stats().late_records, 1);
+        // The stream goes on with the next syscall.
+        t.handle(&io(1, direction::INGRESS, 0, REQ, true));
+        let out = t.handle(&io(0, direction::EGRESS, 0, RESP, true));
+        assert_eq!(http_count(&out), 1);
+    }
+
+    #[test]
+    fn vanished_fds_are_decoded_by_content() {
+        let mut t = table(FdKind::Vanished);
+        t.handle(&io(0, direction::INGRESS, 0, REQ, true));
+        let out = t.handle(&io(0, direction::EGRESS, 0, RESP, true));
+        assert_eq!(http_count(&out), 1);
+
+        // Bytes that are neither HTTP nor ZMTP are not decoded.
+        let mut t = table(FdKind::Vanished);
+        assert!(
+            t.handle(&io(0, direction::INGRESS, 0, b"\x00\x01binary", true))
+                .is_empty()
+        );
+        assert!(t.finish(0).is_empty());
+    }
+
+    #[test]
+    fn closing_a_flow_reports_the_open_exchange() {
+        let mut t = table(server());
+        t.handle(&io(0, direction::INGRESS, 0, REQ, true));
+        let header = RecordHeader {
+            kind: kind::CLOSE,
+            tgid: TGID,
+            tid: TGID,
+            _pad: 0,
+            ts_ns: 9,
+        };
+        let out = t.handle(&CaptureEvent::Kernel(Record::Close { header, fd: FD }));
+        assert_eq!(http_count(&out), 1);
+        let Decoded::Http { exchange, .. } = &out[0] else {
+            unreachable!()
+        };
+        assert!(!exchange.complete && exchange.response.is_none());
     }
 }

@@ -1260,14 +1260,13 @@ impl HttpConnection {
                 self.server.state = RespState::Upgraded;
                 return;
             }
-            RespState::Unsynced => {}
-            // Server bytes are responses in request order: lost bytes at a boundary or inside
-            // a head belonged to the oldest pending request's response.
-            RespState::Idle if self.server.sync.verified || buffered > 0 => {
-                self.abandon_oldest_request();
-            }
-            RespState::Idle => {}
             RespState::Body(open) => self.finish_response(*open, false),
+            RespState::Unsynced | RespState::Idle => {}
+        }
+        // The lost server bytes may have held the response of any request waiting now (one,
+        // several, or none of them): none can be paired with a later response truthfully.
+        while !self.pending.is_empty() {
+            self.abandon_oldest_request();
         }
         self.server.sync.lose();
     }

@@ -11,6 +11,15 @@ pub fn exists(pid: u32) -> bool {
     proc_path(pid, "").is_dir()
 }
 
+/// The process exists and has not exited: a zombie (exited, not yet reaped by its parent)
+/// has a /proc entry but no longer runs.
+pub fn is_running(pid: u32) -> bool {
+    match status_field(pid, "State") {
+        Some(state) => !(state.starts_with('Z') || state.starts_with('X')),
+        None => false,
+    }
+}
+
 pub fn comm(pid: u32) -> Option<String> {
     fs::read_to_string(proc_path(pid, "comm"))
         .ok()

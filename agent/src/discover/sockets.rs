@@ -26,6 +26,9 @@ pub enum FdKind {
     Unix { path: Option<String> },
     /// Anything else (described for the log).
     Other { what: String },
+    /// Closed before it could be looked up in /proc (a connection that lived less than one
+    /// drain period). Its protocol is told from its first bytes.
+    Vanished,
 }
 
 impl FdKind {
@@ -33,7 +36,7 @@ impl FdKind {
     pub fn capture(&self) -> bool {
         match self {
             FdKind::Tcp { listening, .. } => !listening,
-            FdKind::Unix { .. } => true,
+            FdKind::Unix { .. } | FdKind::Vanished => true,
             FdKind::Other { .. } => false,
         }
     }
