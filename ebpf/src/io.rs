@@ -315,6 +315,14 @@ fn copy_payload(call: &InFlight, tgid: u32, ret: u64, seq: u64) {
         direction: call.direction,
         _pad: [0; 7],
     };
+    // Fast path, the common case: one flat buffer that fits one record.
+    if call.shape == Shape::Flat as u8 && want <= CHUNK_SIZE as u64 {
+        if emit_chunk(chunk, call.ptr, 0, want, true, cfg.wakeup_watermark) && want < ret {
+            count(counter::TRUNCATED_SYSCALLS, 1);
+            count(counter::TRUNCATED_BYTES, ret - want);
+        }
+        return;
+    }
     let Some(state_ptr) = COPY.get_ptr_mut(0) else {
         return;
     };
