@@ -41,7 +41,7 @@ pub fn bench_capture() -> anyhow::Result<()> {
     let mut with = Vec::new();
     let mut deferred = Vec::new();
     let mut agent_cpu = Vec::new();
-    let mut rss = 0;
+    let mut rss = 0f64;
     // Deferred draining: a ring large enough for the whole run, drained every 5 s, so that the
     // agent's own work does not compete with the load for this machine's 2 cores: what is
     // left is the in-kernel cost.
@@ -68,8 +68,6 @@ pub fn bench_capture() -> anyhow::Result<()> {
         b - a,
         (b - a) / 2.0
     );
-    // After the default runs: RUSAGE_CHILDREN's peak RSS would otherwise include the
-    // 256 MiB ring buffer mapped by these.
     for _ in 0..RUNS {
         deferred.push(load_run(&xtask, &agent, true, 200_000, 100, &defer)?.ns_per_msg);
     }
@@ -84,8 +82,7 @@ pub fn bench_capture() -> anyhow::Result<()> {
         (c - a) / 2.0
     );
     println!(
-        "agent CPU: median {:.0} ns per captured syscall (runs: {}); peak RSS of the children \
-         (agent or load) {rss} KiB",
+        "agent CPU: median {:.0} ns per captured syscall (runs: {}); agent peak RSS {rss:.0} KiB",
         median(&mut agent_cpu),
         fmt(&agent_cpu)
     );
@@ -141,33 +138,9 @@ struct LoadResult {
     ns_per_msg: f64,
     messages: u64,
     agent_summary: String,
-    /// CPU seconds (user + system) the agent used, and the peak RSS of any child so far (KiB).
+    /// CPU seconds (user + system) the agent used, and its peak RSS (KiB).
     agent_cpu_s: f64,
-    max_rss_kib: i64,
-}
-
-/// `struct rusage` (x86_64 / aarch64 Linux layout).
-#[repr(C)]
-#[derive(Default)]
-struct Rusage {
-    utime: [i64; 2],
-    stime: [i64; 2],
-    maxrss: i64,
-    rest: [i64; 13],
-}
-
-unsafe extern "C" {
-    fn getrusage(who: i32, usage: *mut Rusage) -> i32;
-}
-
-/// CPU seconds of all waited-for children, and their largest peak RSS (KiB).
-fn children_usage() -> (f64, i64) {
-    const RUSAGE_CHILDREN: i32 = -1;
-    let mut usage = Rusage::default();
-    // SAFETY: valid `who` and out pointer of the kernel's layout.
-    unsafe { getrusage(RUSAGE_CHILDREN, &mut usage) };
-    let secs = |t: [i64; 2]| t[0] as f64 + t[1] as f64 / 1e6;
-    (secs(usage.utime) + secs(usage.stime), usage.maxrss)
+    max_rss_kib: f64,
 }
 
 /// Run the load process, optionally under the agent (`agent_args` replaces `attach`).
@@ -215,7 +188,6 @@ fn load_run(
         .with_context(|| format!("load printed {line:?}"))?;
     drop(stdin);
     load.wait()?;
-    let before = children_usage();
     let mut agent_summary = String::new();
     if let Some(mut child) = agent_child {
         // The agent stops by itself once the traced process has exited.
@@ -229,13 +201,13 @@ fn load_run(
             bail!("agent failed: {agent_summary}");
         }
     }
-    let after = children_usage();
+    // The agent reports its own CPU time and peak RSS when it detaches.
     Ok(LoadResult {
         ns_per_msg,
         messages,
+        agent_cpu_s: number_before(&agent_summary, " s of CPU").unwrap_or(f64::NAN),
+        max_rss_kib: number_before(&agent_summary, " KiB").unwrap_or(f64::NAN),
         agent_summary,
-        agent_cpu_s: after.0 - before.0,
-        max_rss_kib: after.1,
     })
 }
 
