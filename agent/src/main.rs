@@ -174,8 +174,10 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
         }
     }))?;
     let (cpu_s, peak_rss_kib) = own_usage();
-    eprintln!("infertrace: detached. {summary}");
-    eprintln!("infertrace: agent used {cpu_s:.3} s of CPU, peak RSS {peak_rss_kib} KiB");
+    eprintln!(
+        "infertrace: detached. {summary}; agent used {cpu_s:.3} s of CPU, peak RSS \
+         {peak_rss_kib} KiB"
+    );
     Ok(())
 }
 

@@ -9,8 +9,28 @@ use std::{
 
 use infertrace::{
     capture::{CaptureEvent, kernel::KernelOptions, live::LiveCapture},
-    decode::flows::{Decoded, FlowStats, FlowTable},
+    decode::{
+        flows::{Decoded, FlowStats, FlowTable},
+        zmtp::ZmtpMessage,
+    },
 };
+
+/// ZMTP messages decoded in one direction, in order, with the process that sent or received
+/// them.
+pub fn zmtp_messages(decoded: &[Decoded], outgoing: bool) -> Vec<(u32, &ZmtpMessage)> {
+    decoded
+        .iter()
+        .filter_map(|d| match d {
+            Decoded::Zmtp {
+                tgid,
+                outgoing: o,
+                message,
+                ..
+            } if *o == outgoing => Some((*tgid, message)),
+            _ => None,
+        })
+        .collect()
+}
 
 /// Path of a file in tests/fixtures.
 pub fn fixture(name: &str) -> PathBuf {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use infertrace::decode::{flows::Decoded, zmtp::ZmtpMessage};
-use infertrace_tests::{Script, Tracer, fixture};
+use infertrace_tests::{Script, Tracer, fixture, zmtp_messages};
 
 const SIZES: [usize; 3] = [10, 300 * 1024, 1024 * 1024];
 
@@ -22,17 +22,8 @@ fn expected() -> Vec<Vec<Vec<u8>>> {
 
 /// Messages decoded in one direction, in order, excluding the warm-up message.
 fn messages(decoded: &[Decoded], outgoing: bool) -> Vec<(u32, &ZmtpMessage)> {
-    decoded
-        .iter()
-        .filter_map(|d| match d {
-            Decoded::Zmtp {
-                tgid,
-                outgoing: o,
-                message,
-                ..
-            } if *o == outgoing => Some((*tgid, message)),
-            _ => None,
-        })
+    zmtp_messages(decoded, outgoing)
+        .into_iter()
         .filter(|(_, m)| m.frames.first().map(Vec::as_slice) != Some(b"warm-up"))
         .collect()
 }

@@ -7,7 +7,7 @@ use infertrace::{
     decode::{flows::Decoded, http::HttpExchange, zmtp::ZmtpMessage},
     session,
 };
-use infertrace_tests::fixture;
+use infertrace_tests::{fixture, zmtp_messages};
 
 fn replay() -> (Header, Vec<Decoded>, session::Summary) {
     let mut decoded = Vec::new();
@@ -30,22 +30,12 @@ fn exchanges(decoded: &[Decoded]) -> Vec<&HttpExchange> {
 
 /// vLLM ADD requests: `[b"\x00", msgpack EngineCoreRequest (array of 22)]`.
 fn adds(decoded: &[Decoded], outgoing: bool) -> Vec<(u32, &ZmtpMessage)> {
-    decoded
-        .iter()
-        .filter_map(|d| match d {
-            Decoded::Zmtp {
-                tgid,
-                outgoing: o,
-                message,
-                ..
-            } if *o == outgoing
-                && message.frames.len() == 2
-                && message.frames[0] == [0x00]
-                && message.frames[1].starts_with(&[0xdc, 0x00, 0x16]) =>
-            {
-                Some((*tgid, message))
-            }
-            _ => None,
+    zmtp_messages(decoded, outgoing)
+        .into_iter()
+        .filter(|(_, m)| {
+            m.frames.len() == 2
+                && m.frames[0] == [0x00]
+                && m.frames[1].starts_with(&[0xdc, 0x00, 0x16])
         })
         .collect()
 }

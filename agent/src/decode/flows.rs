@@ -296,22 +296,13 @@ impl Flow {
 /// The protocol of a flow whose socket could not be looked up, from the first bytes seen in
 /// direction `dir`: an HTTP request or status line, or a ZMTP greeting. None: not decoded.
 fn sniff(data: &[u8], dir: u8) -> Option<Protocol> {
-    const METHODS: [&[u8]; 7] = [
-        b"GET ",
-        b"POST ",
-        b"PUT ",
-        b"DELETE ",
-        b"HEAD ",
-        b"OPTIONS ",
-        b"PATCH ",
-    ];
     let http = |server_side| {
         Some(Protocol::Http {
             conn: Box::default(),
             server_side,
         })
     };
-    if METHODS.iter().any(|m| data.starts_with(m)) {
+    if super::http::starts_with_method(data) {
         // The side that receives a request is the server.
         http(dir == direction::INGRESS)
     } else if data.starts_with(b"HTTP/1.") {

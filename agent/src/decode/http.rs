@@ -56,6 +56,12 @@ const METHODS: [&[u8]; 9] = [
     b"CONNECT ",
     b"TRACE ",
 ];
+
+/// The bytes begin with a request method and a space (a request line, most likely).
+pub fn starts_with_method(data: &[u8]) -> bool {
+    METHODS.iter().any(|m| data.starts_with(m))
+}
+
 const DIGITS: &[u8] = b"0123456789";
 /// `HTTP/1.x SP 3DIGIT`: the start of a status line, one allowed byte set per position.
 const STATUS_START: [&[u8]; 12] = [
