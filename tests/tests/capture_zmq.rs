@@ -3,7 +3,10 @@
 //! attach (followed in the kernel) or before it (found in /proc, mid-stream: no greeting seen).
 use std::time::Duration;
 
-use infertrace::decode::{flows::Decoded, zmtp::ZmtpMessage};
+use infertrace::decode::{
+    flows::{Decoded, FlowStats},
+    zmtp::ZmtpMessage,
+};
 use infertrace_tests::{Script, Tracer, fixture, zmtp_messages};
 
 const SIZES: [usize; 3] = [10, 300 * 1024, 1024 * 1024];
@@ -55,11 +58,8 @@ fn both_sides_done(d: &[Decoded]) -> bool {
     messages(d, true).len() >= SIZES.len() - 1 && messages(d, false).len() >= SIZES.len() - 1
 }
 
-#[test]
-fn children_started_after_attach_are_followed_and_decoded_byte_exact() {
-    let dir = tempdir();
-    let mut launcher = Script::start(&[fixture("zmq_pair.py").to_str().unwrap(), "launcher", &dir]);
-    let mut tracer = Tracer::attach(&[launcher.pid()]);
+/// Let the launcher's pair exchange its messages while the tracer drains, then collect.
+fn exchange(mut tracer: Tracer, launcher: &mut Script) -> (Vec<Decoded>, FlowStats) {
     let line = tracer.pump_during(|| {
         launcher.send_line("go");
         launcher.read_line()
@@ -67,7 +67,15 @@ fn children_started_after_attach_are_followed_and_decoded_byte_exact() {
     assert_eq!(line, "done");
     let done = tracer.pump_until(Duration::from_secs(10), both_sides_done);
     assert!(done, "{}", tracer.describe());
-    let (decoded, stats) = tracer.finish();
+    tracer.finish()
+}
+
+#[test]
+fn children_started_after_attach_are_followed_and_decoded_byte_exact() {
+    let dir = tempdir();
+    let mut launcher = Script::start(&[fixture("zmq_pair.py").to_str().unwrap(), "launcher", &dir]);
+    let tracer = Tracer::attach(&[launcher.pid()]);
+    let (decoded, stats) = exchange(tracer, &mut launcher);
     // Both children were forked and exec'd by the launcher after attach.
     let pids: std::collections::BTreeSet<u32> = decoded
         .iter()
@@ -93,15 +101,8 @@ fn attach_to_established_connection_resynchronises_without_greeting() {
         .map(|p| p.parse().unwrap())
         .collect();
     let (receiver, sender) = (pids[0], pids[1]);
-    let mut tracer = Tracer::attach(&[launcher.pid()]);
-    let line = tracer.pump_during(|| {
-        launcher.send_line("go");
-        launcher.read_line()
-    });
-    assert_eq!(line, "done");
-    let done = tracer.pump_until(Duration::from_secs(10), both_sides_done);
-    assert!(done, "{}", tracer.describe());
-    let (decoded, _) = tracer.finish();
+    let tracer = Tracer::attach(&[launcher.pid()]);
+    let (decoded, _) = exchange(tracer, &mut launcher);
     check(&decoded, Some(sender), Some(receiver), true);
 }
 
