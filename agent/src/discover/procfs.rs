@@ -68,15 +68,6 @@ pub fn all_pids() -> Vec<u32> {
     pids
 }
 
-/// Direct children of a process (scanning /proc; /proc/PID/task/*/children needs a config
-/// option not every kernel has).
-pub fn children(pid: u32) -> Vec<u32> {
-    all_pids()
-        .into_iter()
-        .filter(|&p| ppid(p) == Some(pid))
-        .collect()
-}
-
 /// A process and all its descendants, parent first.
 pub fn process_tree(pid: u32) -> Vec<u32> {
     let pids = all_pids();
