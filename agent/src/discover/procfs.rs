@@ -2,7 +2,7 @@
 //! any moment, and that is never an error of the agent.
 use std::{fs, path::PathBuf};
 
-/// /proc/PID, or under another root (tests, containers with the host's /proc mounted).
+/// /proc/PID/leaf.
 pub fn proc_path(pid: u32, leaf: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{leaf}"))
 }
