@@ -160,24 +160,8 @@ impl KernelCapture {
 
     /// Forget every fd of an exited process.
     pub fn forget_process(&mut self, tgid: u32) {
-        let classes: Vec<FdKey> = self
-            .fd_class
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == tgid)
-            .collect();
-        let decisions: Vec<FdKey> = self
-            .fd_decision
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == tgid)
-            .collect();
-        for key in classes {
-            let _ = self.fd_class.remove(&key);
-        }
-        for key in decisions {
-            let _ = self.fd_decision.remove(&key);
-        }
+        remove_process_keys(&mut self.fd_class, tgid);
+        remove_process_keys(&mut self.fd_decision, tgid);
     }
 
     /// Hand up to `max` records from the ring buffer to `sink`, as the kernel wrote them.
@@ -212,6 +196,18 @@ impl KernelCapture {
             captured_syscalls: sum(counter::CAPTURED_SYSCALLS),
             map_full: sum(counter::MAP_FULL),
         }
+    }
+}
+
+/// Remove every (tgid, fd) key of one process from a map.
+fn remove_process_keys<V: aya::Pod>(map: &mut HashMap<MapData, FdKey, V>, tgid: u32) {
+    let keys: Vec<FdKey> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.tgid == tgid)
+        .collect();
+    for key in keys {
+        let _ = map.remove(&key);
     }
 }
 

@@ -340,11 +340,7 @@ impl FlowTable {
             CaptureEvent::Fd { tgid, fd, kind } => self.open(*tgid, *fd, kind.clone(), &mut out),
             CaptureEvent::Kernel(Record::Io { io, payload }) => self.io(io, payload, &mut out),
             CaptureEvent::Kernel(Record::Close { header, fd }) => {
-                let key = (header.tgid, *fd);
-                if let Some(mut flow) = self.flows.remove(&key) {
-                    self.flush_flow(key, &mut flow, &mut out);
-                    flow.close(key, header.ts_ns, &mut out);
-                }
+                self.end((header.tgid, *fd), header.ts_ns, &mut out);
             }
             CaptureEvent::Kernel(Record::Exit { header }) => {
                 let keys: Vec<FlowKey> = self
@@ -354,10 +350,7 @@ impl FlowTable {
                     .copied()
                     .collect();
                 for key in keys {
-                    if let Some(mut flow) = self.flows.remove(&key) {
-                        self.flush_flow(key, &mut flow, &mut out);
-                        flow.close(key, header.ts_ns, &mut out);
-                    }
+                    self.end(key, header.ts_ns, &mut out);
                 }
             }
             CaptureEvent::Tick => self.tick(&mut out),
@@ -369,20 +362,17 @@ impl FlowTable {
     /// Close every flow (the agent is stopping): pending exchanges come out marked incomplete.
     pub fn finish(&mut self, ts_ns: u64) -> Vec<Decoded> {
         let mut out = Vec::new();
-        let flows: Vec<(FlowKey, Flow)> = self.flows.drain().collect();
-        for (key, mut flow) in flows {
-            self.flush_flow(key, &mut flow, &mut out);
-            flow.close(key, ts_ns, &mut out);
+        let keys: Vec<FlowKey> = self.flows.keys().copied().collect();
+        for key in keys {
+            self.end(key, ts_ns, &mut out);
         }
         out
     }
 
     fn open(&mut self, tgid: u32, fd: u32, kind: FdKind, out: &mut Vec<Decoded>) {
         let key = (tgid, fd);
-        if let Some(mut old) = self.flows.remove(&key) {
-            // The fd number was reused without us seeing the close.
-            old.close(key, 0, out);
-        }
+        // The fd number was reused without us seeing the close.
+        self.end(key, 0, out);
         if self.flows.len() >= MAX_FLOWS {
             self.evict_oldest(out);
         }
@@ -422,13 +412,18 @@ impl FlowTable {
         }
     }
 
-    /// Deliver whatever a closing flow still holds, in order, with gaps where records are missing.
-    fn flush_flow(&mut self, key: FlowKey, flow: &mut Flow, out: &mut Vec<Decoded>) {
+    /// End a flow: deliver whatever it still holds, in order, with gaps where records are
+    /// missing, then close its decoders (open exchanges come out incomplete).
+    fn end(&mut self, key: FlowKey, ts_ns: u64, out: &mut Vec<Decoded>) {
+        let Some(mut flow) = self.flows.remove(&key) else {
+            return;
+        };
         for dir in [direction::INGRESS, direction::EGRESS] {
             let mut pieces = Vec::new();
             flow.streams[dir as usize].drain_all(&mut pieces, &mut self.stats);
             flow.decode(key, dir, pieces, out);
         }
+        flow.close(key, ts_ns, out);
     }
 
     fn evict_oldest(&mut self, out: &mut Vec<Decoded>) {
@@ -437,11 +432,9 @@ impl FlowTable {
             .iter()
             .min_by_key(|(_, f)| f.last_used)
             .map(|(k, _)| *k);
-        if let Some(key) = oldest
-            && let Some(mut flow) = self.flows.remove(&key)
-        {
+        if let Some(key) = oldest {
             self.stats.flows_evicted += 1;
-            flow.close(key, 0, out);
+            self.end(key, 0, out);
         }
     }
 }
