@@ -8,5 +8,8 @@ pub mod capture;
 pub mod decode;
 pub mod discover;
 pub mod doctor;
+pub mod engines;
 pub mod export;
+pub mod pipeline;
 pub mod session;
+pub mod telemetry;

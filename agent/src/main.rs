@@ -1,13 +1,27 @@
 //! The `infertrace` command.
-use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    fs::File,
+    io::{BufWriter, Write as _},
+    path::PathBuf,
+    process::ExitCode,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
+use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use infertrace::{
     capture::kernel::KernelOptions,
     discover::engine,
     doctor,
-    export::console::Console,
+    export::{
+        Exporter,
+        console::{Console, ConsoleExporter},
+        jsonl::Jsonl,
+    },
+    pipeline::{Pipeline, PipelineOptions},
     session::{self, LiveOptions},
+    telemetry::{Clock, metrics::Registry, vllm_spans::SpanOptions},
 };
 
 /// Zero-code tracing for vLLM and SGLang: attach with eBPF to a running inference server and
@@ -40,6 +54,8 @@ enum Command {
     Replay {
         /// The recording.
         file: PathBuf,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// List vLLM and SGLang processes on this host: role, version, model, ports.
     Discover {
@@ -69,6 +85,80 @@ struct CaptureArgs {
     /// How often the ring buffer is drained, in milliseconds.
     #[arg(long, default_value_t = 20)]
     poll_ms: u64,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
+/// Where spans and metrics go, and what they contain.
+#[derive(Args, Clone)]
+struct OutputArgs {
+    /// Output: `console` (default: a line per finished request, metrics per interval),
+    /// `jsonl:PATH` (spans and metrics as JSON lines; `jsonl:-` for stdout), or `none`.
+    /// Repeatable.
+    #[arg(long = "output", value_name = "OUTPUT")]
+    outputs: Vec<String>,
+    /// Also print every decoded HTTP exchange and ZeroMQ message.
+    #[arg(long)]
+    messages: bool,
+    /// Span detail: 0 = entry span + llm_request; 1 = + wait/prefill/decode spans;
+    /// 2 = + one event per engine iteration (token ids, logprobs when requested).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=2))]
+    granularity: u8,
+    /// Put prompts and generated text on the entry spans (off by default: they may be
+    /// sensitive).
+    #[arg(long)]
+    capture_content: bool,
+    /// Seconds between metrics snapshots.
+    #[arg(long, default_value_t = 10.0)]
+    metrics_interval: f64,
+}
+
+impl OutputArgs {
+    fn exporters(&self) -> anyhow::Result<Vec<Box<dyn Exporter>>> {
+        let specs: Vec<&str> = if self.outputs.is_empty() {
+            vec!["console"]
+        } else {
+            self.outputs.iter().map(String::as_str).collect()
+        };
+        let mut out: Vec<Box<dyn Exporter>> = Vec::new();
+        for spec in specs {
+            match spec.split_once(':') {
+                None if spec == "console" => out.push(Box::new(ConsoleExporter)),
+                None if spec == "none" => {}
+                Some(("jsonl", "-")) => out.push(Box::new(Jsonl::new(std::io::stdout()))),
+                Some(("jsonl", path)) => {
+                    let file = File::create(path).with_context(|| format!("creating {path}"))?;
+                    out.push(Box::new(Jsonl::new(BufWriter::new(file))));
+                }
+                _ => anyhow::bail!(
+                    "--output {spec}: expected `console`, `jsonl:PATH`, `jsonl:-` or `none`"
+                ),
+            }
+        }
+        Ok(out)
+    }
+
+    fn pipeline(
+        &self,
+        clock: Clock,
+        engine_version: Option<String>,
+        served_model: Option<String>,
+    ) -> anyhow::Result<Pipeline> {
+        if !(self.metrics_interval.is_finite() && self.metrics_interval > 0.0) {
+            anyhow::bail!("--metrics-interval must be > 0");
+        }
+        let options = PipelineOptions {
+            spans: SpanOptions {
+                granularity: self.granularity,
+                capture_content: self.capture_content,
+                default_model: served_model,
+            },
+            metrics_interval_ns: (self.metrics_interval * 1e9) as u64,
+            vllm_version: engine_version,
+        };
+        let registry = Arc::new(Mutex::new(Registry::default()));
+        Ok(Pipeline::new(options, clock, registry, self.exporters()?))
+    }
 }
 
 impl CaptureArgs {
@@ -86,6 +176,8 @@ impl CaptureArgs {
             },
             poll_interval: Duration::from_millis(self.poll_ms.clamp(1, 10_000)),
             duration,
+            engine_version: None,
+            served_model: None,
         })
     }
 }
@@ -112,21 +204,48 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Attach(args) => live(&args, None),
         Command::Record { capture, output } => live(&capture, Some(output)),
-        Command::Replay { file } => {
-            let mut console = None;
+        Command::Replay { file, output } => {
+            let mut pipeline: Option<Pipeline> = None;
+            let mut last_ns = 0;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let (header, summary) = session::replay(&file, |header, d| {
-                let c =
-                    console.get_or_insert_with(|| Console::new(header.realtime_minus_monotonic_ns));
-                let _ = writeln!(out, "{}", c.line(d));
+                if pipeline.is_none() {
+                    let clock = Clock {
+                        realtime_minus_monotonic_ns: header.realtime_minus_monotonic_ns,
+                    };
+                    match output.pipeline(
+                        clock,
+                        header.engine_version.clone(),
+                        header.served_model.clone(),
+                    ) {
+                        Ok(p) => pipeline = Some(p),
+                        Err(e) => {
+                            eprintln!("infertrace: {e:#}");
+                            std::process::exit(1);
+                        }
+                    }
+                }
+                if output.messages {
+                    let line = Console::new(header.realtime_minus_monotonic_ns).line(d);
+                    let _ = writeln!(out, "{line}");
+                }
+                let p = pipeline.as_mut().expect("created above");
+                p.handle(std::slice::from_ref(d));
+                last_ns = last_ns.max(d.end_ns());
+                p.tick(last_ns);
             })?;
             out.flush()?;
+            drop(out);
+            if let Some(p) = pipeline.as_mut() {
+                p.finish(last_ns);
+            }
             eprintln!(
-                "replayed {} (host {}, kernel {}, pids {:?}): {summary}",
+                "replayed {} (host {}, kernel {}, pids {:?}): {summary}{}",
                 file.display(),
                 header.host,
                 header.kernel,
-                header.pids
+                header.pids,
+                pipeline.as_ref().map(results).unwrap_or_default()
             );
             Ok(())
         }
@@ -147,22 +266,43 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
-    let options = args.options()?;
+    let mut options = args.options()?;
     for &pid in &options.pids {
-        if infertrace::discover::procfs::exists(pid) && engine::identify(pid).is_none() {
-            tracing::warn!(
+        if !infertrace::discover::procfs::exists(pid) {
+            continue;
+        }
+        match engine::identify(pid) {
+            Some(found) => {
+                options.engine_version = options.engine_version.take().or(found.version);
+                options.served_model = options
+                    .served_model
+                    .take()
+                    .or(found.served_model_name)
+                    .or(found.model);
+            }
+            None => tracing::warn!(
                 "pid {pid} is not a vLLM/SGLang process (found: {}); capturing its sockets anyway",
                 engine::describe_non_engine(pid)
-            );
+            ),
         }
     }
-    let console = Console::new(session::realtime_minus_monotonic_ns());
-    let quiet = record.is_some();
+    let clock = Clock {
+        realtime_minus_monotonic_ns: session::realtime_minus_monotonic_ns(),
+    };
+    let console = args
+        .output
+        .messages
+        .then(|| Console::new(clock.realtime_minus_monotonic_ns));
+    let mut pipeline = args.output.pipeline(
+        clock,
+        options.engine_version.clone(),
+        options.served_model.clone(),
+    )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let summary = runtime.block_on(session::run_live(&options, record.as_deref(), |batch| {
-        if !quiet {
+        if let Some(console) = &console {
             // One write per batch: a busy engine produces thousands of lines a second.
             let mut text = String::new();
             for decoded in batch {
@@ -172,13 +312,37 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
         }
+        pipeline.handle(batch);
+        pipeline.tick(session::monotonic_ns());
     }))?;
+    pipeline.finish(session::monotonic_ns());
     let (cpu_s, peak_rss_kib) = own_usage();
     eprintln!(
-        "infertrace: detached. {summary}; agent used {cpu_s:.3} s of CPU, peak RSS \
-         {peak_rss_kib} KiB"
+        "infertrace: detached. {summary}{}; agent used {cpu_s:.3} s of CPU, peak RSS \
+         {peak_rss_kib} KiB",
+        results(&pipeline)
     );
     Ok(())
+}
+
+/// What the pipeline made of it, for the summary line.
+fn results(pipeline: &Pipeline) -> String {
+    let s = pipeline.stats;
+    let t = pipeline.tracker_stats();
+    format!(
+        "; {} requests traced ({} spans); vLLM: {} requests sent to the engine, {} engine steps, \
+         {} undecodable messages, {} requests sent before attach (or whose ADD was lost), {} \
+         requests unfinished at the end, {} dropped (too many in flight), {} layout switches",
+        s.traces,
+        s.spans,
+        t.adds,
+        t.steps,
+        t.undecodable,
+        t.requests_without_add,
+        t.unfinished_at_end,
+        t.evicted,
+        pipeline.layout_switches()
+    )
 }
 
 /// CPU seconds (user + system) this process used, and its peak RSS in KiB.

@@ -33,6 +33,9 @@ pub struct LiveOptions {
     pub poll_interval: Duration,
     /// Stop after this long (None: until Ctrl-C / SIGTERM or the processes exit).
     pub duration: Option<Duration>,
+    /// What discovery found about the engine, kept in recordings.
+    pub engine_version: Option<String>,
+    pub served_model: Option<String>,
 }
 
 /// What a session saw, printed when it ends.
@@ -126,7 +129,8 @@ impl AsRawFd for RingFd {
 }
 
 /// Run a live session: decoded messages go to `sink`, one time-ordered batch per call (so
-/// that an output can write a batch at once); with `record`, every event is
+/// that an output can write a batch at once; an empty batch on wake-ups that decoded nothing,
+/// so that the sink can act on time passing); with `record`, every event is
 /// also written to that file. Returns when the duration elapses, on SIGINT/SIGTERM, or when
 /// all attached processes have exited; pending data is flushed first.
 pub async fn run_live(
@@ -162,6 +166,8 @@ pub async fn run_live(
                         _ => None,
                     })
                     .collect(),
+                engine_version: options.engine_version.clone(),
+                served_model: options.served_model.clone(),
             };
             let file =
                 File::create(path).with_context(|| format!("creating {}", path.display()))?;
@@ -210,9 +216,7 @@ pub async fn run_live(
             // Flows complete in drain order; show each batch's messages in time order.
             batch.sort_by_key(Decoded::start_ns);
             summary.messages += batch.len() as u64;
-            if !batch.is_empty() {
-                sink(&batch);
-            }
+            sink(&batch);
             if !more {
                 break;
             }

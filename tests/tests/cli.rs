@@ -542,7 +542,7 @@ fn unused_pid() -> u32 {
 fn attach_to_a_missing_pid_fails_fast_and_says_not_found() {
     let pid = unused_pid().to_string();
     let done = run(
-        agent(&["attach", "--pid", &pid]),
+        agent(&["attach", "--messages", "--pid", &pid]),
         "infertrace attach (missing pid)",
         Duration::from_secs(10),
     );
@@ -594,7 +594,7 @@ fn bad_arguments_are_refused_with_a_message() {
 fn attach_without_privileges_says_what_is_needed() {
     let sleeping = sleeper("30");
     let done = run(
-        agent_as_nobody(&["attach", "--pid", &sleeping.0.id().to_string()]),
+        agent_as_nobody(&["attach", "--messages", "--pid", &sleeping.0.id().to_string()]),
         "infertrace attach as nobody",
         Duration::from_secs(10),
     );
@@ -689,7 +689,7 @@ fn attach_stops_by_itself_when_the_process_exits() {
     let mut sleeping = Command::new("sleep").arg("2").spawn().expect("sleep");
     let pid = sleeping.id().to_string();
     let mut agent = Proc::spawn(
-        agent(&["attach", "--pid", &pid]),
+        agent(&["attach", "--messages", "--pid", &pid]),
         "infertrace attach (process exits)",
     );
     // Reap it as soon as it exits, as an engine's parent would: a zombie still has a /proc entry.
@@ -727,7 +727,7 @@ fn attach_stops_when_the_process_exits_even_if_not_reaped() {
     let mut sleeping = Reaped(Command::new("sleep").arg("2").spawn().expect("sleep"));
     let pid = sleeping.0.id().to_string();
     let mut agent = Proc::spawn(
-        agent(&["attach", "--pid", &pid]),
+        agent(&["attach", "--messages", "--pid", &pid]),
         "infertrace attach (zombie)",
     );
     // Not reaped until the agent is done (the Reaped guard does it at the end).
@@ -756,7 +756,7 @@ fn stops_cleanly_on(signal: &str, when: When, extra: &[&str]) {
     let (server, port) = http_server();
     let pid = server.pid();
     let pid_arg = pid.to_string();
-    let mut args = vec!["attach", "--pid", &pid_arg];
+    let mut args = vec!["attach", "--messages", "--pid", &pid_arg];
     args.extend_from_slice(extra);
     let mut agent = Proc::spawn(agent(&args), &format!("infertrace attach (SIG{signal})"));
     let _warm = warm_up(&mut agent, port);
@@ -837,7 +837,7 @@ fn one_exchange_per_connection_is_decoded() {
     let (server, port) = http_server();
     let pid = server.pid().to_string();
     let mut agent = Proc::spawn(
-        agent(&["attach", "--pid", &pid]),
+        agent(&["attach", "--messages", "--pid", &pid]),
         "infertrace attach (short connections)",
     );
     let _warm = warm_up(&mut agent, port);
@@ -900,7 +900,7 @@ fn record_two_exchanges() -> Recorded {
         thread::sleep(Duration::from_millis(20));
     }
     let mut attach = Proc::spawn(
-        agent(&["attach", "--pid", &server_pid.to_string()]),
+        agent(&["attach", "--messages", "--pid", &server_pid.to_string()]),
         "infertrace attach (next to record)",
     );
     let _warm = warm_up(&mut attach, port);
@@ -948,7 +948,7 @@ fn record_two_exchanges() -> Recorded {
 
 fn replay_as_nobody(file: &Path) -> Finished {
     run(
-        agent_as_nobody(&["replay", file.to_str().unwrap()]),
+        agent_as_nobody(&["replay", "--messages", file.to_str().unwrap()]),
         "infertrace replay as nobody",
         Duration::from_secs(30),
     )

@@ -6,10 +6,12 @@
 //! - `check-ebpf`: fail when the committed object is stale against the eBPF sources.
 //! - `test`: every check CI runs.
 //! - `demo`: the main job, on the real vLLM.
+//! - `engine vllm start|stop|status`: the real vLLM with a tiny model, by hand.
 //! - `bench-capture`: the capture benchmark of BENCHMARKS.md.
 mod bench;
 mod demo;
 mod ebpf;
+mod engine;
 mod test;
 
 use std::{
@@ -45,6 +47,11 @@ enum Task {
         #[arg(long)]
         keep_engine: bool,
     },
+    /// Start, stop or inspect a local inference engine (installed on first use).
+    Engine {
+        #[command(subcommand)]
+        engine: EngineKind,
+    },
     /// Capture benchmark: added cost per syscall, pipeline throughput, overload (needs root).
     BenchCapture,
     /// The process traced by bench-capture (internal).
@@ -58,6 +65,38 @@ enum Task {
     },
 }
 
+#[derive(Subcommand)]
+enum EngineKind {
+    /// The vLLM CPU build with a tiny local model, in VLLM_HOME (default /var/tmp/infertrace-vllm).
+    Vllm {
+        #[command(subcommand)]
+        action: EngineAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum EngineAction {
+    /// Start `vllm serve` in the background (install on first use); prints the API server pid.
+    Start {
+        /// Port of the vLLM API server.
+        #[arg(long, default_value_t = 8321)]
+        port: u16,
+        /// Extra `vllm serve` arguments, after `--`.
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+    /// SIGTERM the API server, wait up to 30 s for its process tree, then SIGKILL.
+    Stop {
+        #[arg(long, default_value_t = 8321)]
+        port: u16,
+    },
+    /// Whether it serves, its processes, arguments and log.
+    Status {
+        #[arg(long, default_value_t = 8321)]
+        port: u16,
+    },
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Setup => ebpf::setup(),
@@ -67,6 +106,20 @@ fn main() -> anyhow::Result<()> {
         Task::BenchCapture => bench::bench_capture(),
         Task::BenchLoad { count, size } => bench::bench_load(count, size),
         Task::Demo { port, keep_engine } => demo::demo(&demo::DemoOptions { port, keep_engine }),
+        Task::Engine {
+            engine: EngineKind::Vllm { action },
+        } => {
+            let home = engine::vllm_home();
+            match action {
+                EngineAction::Start { port, extra } => {
+                    let pid = engine::start_vllm(&root(), &home, port, &extra)?;
+                    println!("vLLM API server pid {pid} on port {port}");
+                    Ok(())
+                }
+                EngineAction::Stop { port } => engine::stop_vllm(&home, port),
+                EngineAction::Status { port } => engine::status_vllm(&home, port),
+            }
+        }
     }
 }
 

@@ -29,6 +29,12 @@ pub struct Header {
     pub realtime_minus_monotonic_ns: i128,
     pub pids: Vec<u32>,
     pub processes: Vec<ProcessInfo>,
+    /// The traced engine's installed version and served model name, when discovery found
+    /// them (absent in recordings made before they were stored).
+    #[serde(default)]
+    pub engine_version: Option<String>,
+    #[serde(default)]
+    pub served_model: Option<String>,
 }
 
 /// Non-kernel events, as stored.
@@ -192,6 +198,8 @@ mod tests {
             realtime_minus_monotonic_ns: 42,
             pids: vec![1],
             processes: vec![],
+            engine_version: Some("0.32.0".into()),
+            served_model: None,
         }
     }
 

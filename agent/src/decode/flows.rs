@@ -52,6 +52,19 @@ impl Decoded {
             Decoded::Zmtp { message, .. } => message.first_ns,
         }
     }
+
+    /// When the message ended (last byte of the response, or of the request when none came).
+    pub fn end_ns(&self) -> u64 {
+        match self {
+            Decoded::Http { exchange, .. } => exchange
+                .response
+                .as_ref()
+                .map(|r| r.last_ns)
+                .or_else(|| exchange.request.as_ref().map(|r| r.last_ns))
+                .unwrap_or(0),
+            Decoded::Zmtp { message, .. } => message.last_ns,
+        }
+    }
 }
 
 /// Counters of everything the stage dropped or repaired.

@@ -5,5 +5,7 @@
 //! message boundaries on its own (no handshake is ever required) and resynchronises after a gap.
 pub mod flows;
 pub mod http;
+pub mod openai;
 pub mod sse;
+pub mod vllm;
 pub mod zmtp;

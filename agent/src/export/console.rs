@@ -1,10 +1,19 @@
-//! Human-readable lines for decoded messages: one per HTTP exchange, one per ZMTP message.
+//! Human-readable output: one line per finished request (from its spans), a metrics summary
+//! at each metrics interval, and with `--messages` one line per decoded HTTP exchange and
+//! ZeroMQ message.
 //!
 //! Each line is written into one pre-sized String: on a busy engine this runs for every
 //! message, and per-value `format!` calls made it the agent's most expensive step.
-use std::fmt::Write as _;
+use std::{fmt::Write as _, io::Write as _};
 
-use crate::decode::{flows::Decoded, http::HttpExchange, zmtp::ZmtpMessage};
+use super::Exporter;
+use crate::{
+    decode::{flows::Decoded, http::HttpExchange, zmtp::ZmtpMessage},
+    telemetry::{
+        metrics::Sample,
+        span::{AttrValue, Span},
+    },
+};
 
 /// Bytes of each frame shown in hex.
 const HEAD_BYTES: usize = 12;
@@ -46,18 +55,178 @@ impl Console {
 
     /// HH:MM:SS.micros of the wall clock.
     fn time(&self, line: &mut String, monotonic_ns: u64) {
-        let wall = monotonic_ns as i128 + self.realtime_offset_ns;
-        // Narrowed before formatting: formatting an i128 costs thousands of instructions.
-        let secs_of_day = (wall / 1_000_000_000).rem_euclid(86_400) as u32;
-        let micros = (wall / 1_000).rem_euclid(1_000_000) as u32;
-        let _ = write!(
-            line,
-            "{:02}:{:02}:{:02}.{micros:06}",
-            secs_of_day / 3600,
-            secs_of_day / 60 % 60,
-            secs_of_day % 60
-        );
+        time_of_day(line, monotonic_ns as i128 + self.realtime_offset_ns);
     }
+}
+
+/// HH:MM:SS.micros (UTC) of a Unix time in ns.
+fn time_of_day(line: &mut String, unix_ns: i128) {
+    // Narrowed before formatting: formatting an i128 costs thousands of instructions.
+    let secs_of_day = (unix_ns / 1_000_000_000).rem_euclid(86_400) as u32;
+    let micros = (unix_ns / 1_000).rem_euclid(1_000_000) as u32;
+    let _ = write!(
+        line,
+        "{:02}:{:02}:{:02}.{micros:06}",
+        secs_of_day / 3600,
+        secs_of_day / 60 % 60,
+        secs_of_day % 60
+    );
+}
+
+/// The live view on stdout: a line per finished request and a metrics summary per interval.
+#[derive(Default)]
+pub struct ConsoleExporter;
+
+impl Exporter for ConsoleExporter {
+    fn spans(&mut self, spans: &[Span]) {
+        let text = request_lines(spans);
+        if !text.is_empty() {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+        }
+    }
+
+    fn metrics(&mut self, samples: &[Sample], unix_ns: u64) {
+        if samples.is_empty() {
+            return;
+        }
+        let mut line = String::with_capacity(200);
+        time_of_day(&mut line, i128::from(unix_ns));
+        line.push_str(" metrics");
+        metrics_summary(&mut line, samples);
+        line.push('\n');
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+    }
+}
+
+fn int_attr(span: &Span, key: &str) -> Option<i64> {
+    match span.attribute(key)? {
+        AttrValue::Int(v) => Some(*v),
+        _ => None,
+    }
+}
+
+fn str_attr<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+    match span.attribute(key)? {
+        AttrValue::Str(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// One line per entry span (with its engine requests) and per `llm_request` without one.
+pub fn request_lines(spans: &[Span]) -> String {
+    let mut text = String::new();
+    for span in spans.iter().filter(|s| {
+        s.name != "llm_request"
+            && s.parent_span_id
+                .is_none_or(|p| !spans.iter().any(|o| o.span_id == p))
+    }) {
+        if ["wait", "prefill", "decode", "kv_transfer"].contains(&span.name.as_str()) {
+            continue;
+        }
+        time_of_day(&mut text, i128::from(span.start_time_unix_nano));
+        let _ = write!(text, " {}", span.name);
+        if let Some(id) = str_attr(span, "gen_ai.response.id") {
+            let _ = write!(text, " {id}");
+        }
+        if let Some(error) = &span.error {
+            let _ = write!(text, " ERROR ({error})");
+        }
+        let tokens = [
+            ("in", "gen_ai.usage.input_tokens"),
+            ("out", "gen_ai.usage.output_tokens"),
+        ];
+        for (label, key) in tokens {
+            if let Some(v) = int_attr(span, key) {
+                let _ = write!(text, " {label}={v}");
+            }
+        }
+        let ms = (span
+            .end_time_unix_nano
+            .saturating_sub(span.start_time_unix_nano)) as f64
+            / 1e6;
+        let _ = write!(text, " {ms:.1} ms");
+        for child in spans
+            .iter()
+            .filter(|c| c.name == "llm_request" && c.parent_span_id == Some(span.span_id))
+        {
+            text.push_str(" |");
+            llm_request(&mut text, child);
+        }
+        text.push('\n');
+    }
+    for span in spans.iter().filter(|s| {
+        s.name == "llm_request"
+            && s.parent_span_id
+                .is_none_or(|p| !spans.iter().any(|o| o.span_id == p))
+    }) {
+        time_of_day(&mut text, i128::from(span.start_time_unix_nano));
+        text.push_str(" (no API call seen) |");
+        llm_request(&mut text, span);
+        text.push('\n');
+    }
+    text
+}
+
+fn llm_request(text: &mut String, span: &Span) {
+    if let Some(id) = str_attr(span, "gen_ai.request.id") {
+        let _ = write!(text, " {id}");
+    }
+    for (label, key) in [
+        ("prompt", "gen_ai.usage.prompt_tokens"),
+        ("cached", "gen_ai.usage.cache_read.input_tokens"),
+        ("completion", "gen_ai.usage.completion_tokens"),
+    ] {
+        if let Some(v) = int_attr(span, key) {
+            let _ = write!(text, " {label}={v}");
+        }
+    }
+    for (label, key) in [
+        ("tokenize", "gen_ai.latency.time_in_tokenize"),
+        ("queue", "gen_ai.latency.time_in_queue"),
+        ("prefill", "gen_ai.latency.time_in_model_prefill"),
+        ("decode", "gen_ai.latency.time_in_model_decode"),
+        ("ttft", "gen_ai.latency.time_to_first_token"),
+        ("e2e", "gen_ai.latency.e2e"),
+    ] {
+        if let Some(v) = int_attr(span, key) {
+            let _ = write!(text, " {label}={:.2}ms", v as f64 / 1e6);
+        }
+    }
+    if let Some(v) = int_attr(span, "gen_ai.request.preemption_count") {
+        let _ = write!(text, " preempted={v}");
+    }
+    if let Some(v) = str_attr(span, "infertrace.finish_reason") {
+        let _ = write!(text, " finish={v}");
+    }
+}
+
+/// Totals of the main counters and the latest gauges.
+fn metrics_summary(line: &mut String, samples: &[Sample]) {
+    let total = |name: &str| -> f64 {
+        samples
+            .iter()
+            .filter(|s| s.name == name)
+            .map(|s| s.value)
+            .sum()
+    };
+    for (label, name) in [
+        ("requests", "gen_ai_vllm_request_success"),
+        ("prompt_tokens", "gen_ai_vllm_prompt_tokens"),
+        ("generation_tokens", "gen_ai_vllm_generation_tokens"),
+        ("iterations", "vllm_iter_count"),
+        ("preemptions", "gen_ai_vllm_num_preemptions"),
+        ("running", "gen_ai_vllm_num_requests_running"),
+        ("waiting", "gen_ai_vllm_num_requests_waiting"),
+    ] {
+        let _ = write!(line, " {label}={}", total(name));
+    }
+    let _ = write!(
+        line,
+        " kv_cache={:.1}%",
+        100.0 * total("gen_ai_vllm_kv_cache_usage_perc")
+    );
 }
 
 fn http(line: &mut String, exchange: &HttpExchange) {

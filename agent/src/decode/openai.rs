@@ -1,0 +1,371 @@
+//! The OpenAI-compatible API calls of an HTTP exchange: what the client asked for (request
+//! JSON) and what it got (response JSON, or the chunks of an SSE stream).
+//!
+//! Only fields that are present are reported: an absent `temperature` stays absent here (the
+//! engine's own value is reported on `llm_request`, from the engine's message).
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::http::HttpExchange;
+
+/// The API operation, from the request path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Chat,
+    TextCompletion,
+    Embeddings,
+    Rerank,
+}
+
+impl Operation {
+    /// Paths served by vLLM's OpenAI-compatible server (query strings ignored).
+    pub fn from_path(path: &str) -> Option<Self> {
+        let path = path.split('?').next().unwrap_or(path);
+        Some(match path {
+            "/v1/chat/completions" => Self::Chat,
+            "/v1/completions" => Self::TextCompletion,
+            "/v1/embeddings" | "/pooling" => Self::Embeddings,
+            "/rerank" | "/v1/rerank" | "/v2/rerank" | "/score" | "/v1/score" => Self::Rerank,
+            _ => return None,
+        })
+    }
+
+    /// `gen_ai.operation.name`, also the first word of the entry span's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::TextCompletion => "text_completion",
+            Self::Embeddings => "embeddings",
+            Self::Rerank => "rerank",
+        }
+    }
+
+    /// `gen_ai.span.kind`.
+    pub fn span_kind(&self) -> &'static str {
+        match self {
+            Self::Chat | Self::TextCompletion => "LLM",
+            Self::Embeddings => "EMBEDDING",
+            Self::Rerank => "RERANKER",
+        }
+    }
+}
+
+/// Token usage as the API reported it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: Option<u64>,
+    pub output: Option<u64>,
+    pub total: Option<u64>,
+}
+
+/// One API call, as seen on the wire.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ApiCall {
+    pub operation: Option<Operation>,
+    pub model: Option<String>,
+    pub n: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub max_tokens: Option<u64>,
+    pub stream: bool,
+    pub user: Option<String>,
+    /// The request's input (`messages`, `prompt`, `input`, `query`+`documents`) as JSON text.
+    pub input_messages: Option<String>,
+    /// The W3C `traceparent` header.
+    pub traceparent: Option<String>,
+    /// HTTP status (None: no response seen, e.g. the client went away).
+    pub status: Option<u16>,
+    pub response_id: Option<String>,
+    pub response_model: Option<String>,
+    pub finish_reasons: Vec<String>,
+    pub usage: Usage,
+    /// Generated text per choice, as JSON text (`[{"role":..,"content":..}]`).
+    pub output_messages: Option<String>,
+    /// `error.message` of an error response.
+    pub error: Option<String>,
+    /// Times (CLOCK_MONOTONIC ns) of the SSE events that carried generated content.
+    pub content_event_ns: Vec<u64>,
+}
+
+impl ApiCall {
+    /// The call made in an exchange, or None when the path is not an API operation.
+    pub fn from_exchange(exchange: &HttpExchange) -> Option<Self> {
+        let request = exchange.request.as_ref()?;
+        let operation = Operation::from_path(&request.path)?;
+        let mut call = ApiCall {
+            operation: Some(operation),
+            traceparent: request
+                .header("traceparent")
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .map(|v| v.trim().to_owned()),
+            ..ApiCall::default()
+        };
+        if let Ok(body) = serde_json::from_slice::<Value>(&request.body) {
+            call.read_request(&body);
+        }
+        if let Some(response) = &exchange.response {
+            call.status = Some(response.status);
+            if response.is_event_stream() {
+                let mut texts = BTreeMap::new();
+                for event in &response.sse_events {
+                    if let Ok(chunk) = serde_json::from_str::<Value>(&event.data)
+                        && call.read_chunk(&chunk, &mut texts)
+                    {
+                        call.content_event_ns.push(event.ts_ns);
+                    }
+                }
+                if !texts.is_empty() {
+                    let outputs = texts
+                        .into_values()
+                        .map(|text| serde_json::json!({"role": "assistant", "content": text}))
+                        .collect();
+                    call.output_messages = Some(Value::Array(outputs).to_string());
+                }
+            } else if let Ok(body) = serde_json::from_slice::<Value>(&response.body) {
+                call.read_response(&body);
+            }
+        }
+        Some(call)
+    }
+
+    fn read_request(&mut self, body: &Value) {
+        let str_of = |key: &str| body.get(key).and_then(Value::as_str).map(str::to_owned);
+        self.model = str_of("model");
+        self.user = str_of("user");
+        self.n = body.get("n").and_then(Value::as_u64);
+        self.temperature = body.get("temperature").and_then(Value::as_f64);
+        self.top_p = body.get("top_p").and_then(Value::as_f64);
+        self.top_k = body.get("top_k").and_then(Value::as_i64);
+        self.max_tokens = body
+            .get("max_completion_tokens")
+            .or_else(|| body.get("max_tokens"))
+            .and_then(Value::as_u64);
+        self.stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        self.input_messages = ["messages", "prompt", "input", "query"]
+            .iter()
+            .find_map(|key| body.get(*key))
+            .map(|v| match body.get("documents") {
+                Some(docs) => serde_json::json!({"query": v, "documents": docs}).to_string(),
+                None => v.to_string(),
+            });
+    }
+
+    fn read_usage(&mut self, usage: &Value) {
+        let get = |key: &str| usage.get(key).and_then(Value::as_u64);
+        self.usage = Usage {
+            input: get("prompt_tokens"),
+            output: get("completion_tokens"),
+            total: get("total_tokens"),
+        };
+    }
+
+    fn read_response(&mut self, body: &Value) {
+        let str_of = |key: &str| body.get(key).and_then(Value::as_str).map(str::to_owned);
+        self.response_id = str_of("id");
+        self.response_model = str_of("model");
+        if let Some(usage) = body.get("usage") {
+            self.read_usage(usage);
+        }
+        if let Some(error) = body.get("error") {
+            self.error = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .or_else(|| Some(error.to_string()));
+        }
+        let Some(choices) = body.get("choices").and_then(Value::as_array) else {
+            return;
+        };
+        let mut outputs = Vec::new();
+        for choice in choices {
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish_reasons.push(reason.to_owned());
+            }
+            if let Some(message) = choice.get("message") {
+                outputs.push(message.clone());
+            } else if let Some(text) = choice.get("text") {
+                outputs.push(serde_json::json!({"role": "assistant", "content": text}));
+            }
+        }
+        self.output_messages = Some(Value::Array(outputs).to_string());
+    }
+
+    /// One SSE chunk; true when it carried generated content, which is appended to `texts`
+    /// (per choice index).
+    fn read_chunk(&mut self, chunk: &Value, texts: &mut BTreeMap<u64, String>) -> bool {
+        let str_of = |key: &str| chunk.get(key).and_then(Value::as_str).map(str::to_owned);
+        if self.response_id.is_none() {
+            self.response_id = str_of("id");
+            self.response_model = str_of("model");
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+            self.read_usage(usage);
+        }
+        if let Some(error) = chunk.get("error") {
+            self.error = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+        }
+        let mut content = false;
+        for choice in chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish_reasons.push(reason.to_owned());
+            }
+            let text = choice
+                .get("delta")
+                .and_then(|d| d.get("content"))
+                .or_else(|| choice.get("text"))
+                .and_then(Value::as_str);
+            if let Some(text) = text.filter(|t| !t.is_empty()) {
+                content = true;
+                let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
+                texts.entry(index).or_default().push_str(text);
+            }
+        }
+        content
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::{
+        http::{HttpRequest, HttpResponse},
+        sse::SseEvent,
+    };
+
+    fn exchange(path: &str, body: &str, status: u16, response: &str) -> HttpExchange {
+        HttpExchange {
+            request: Some(HttpRequest {
+                method: "POST".into(),
+                path: path.into(),
+                version: 1,
+                headers: vec![("traceparent".into(), b"00-aa-bb-01".to_vec())],
+                body: body.as_bytes().to_vec(),
+                first_ns: 1,
+                last_ns: 2,
+                body_truncated: false,
+            }),
+            response: Some(HttpResponse {
+                status,
+                reason: "OK".into(),
+                version: 1,
+                headers: vec![("content-type".into(), b"application/json".to_vec())],
+                body: response.as_bytes().to_vec(),
+                first_ns: 3,
+                last_ns: 4,
+                sse_events: vec![],
+                body_truncated: false,
+                sse_truncated: false,
+            }),
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn chat_completion() {
+        let e = exchange(
+            "/v1/chat/completions",
+            r#"{"model":"tiny","messages":[{"role":"user","content":"hi"}],"n":2,
+                "temperature":0.5,"max_completion_tokens":7,"user":"u1"}"#,
+            200,
+            r#"{"id":"chatcmpl-1","model":"tiny","choices":[
+                {"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"length"},
+                {"index":1,"message":{"role":"assistant","content":"b"},"finish_reason":"stop"}],
+                "usage":{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14}}"#,
+        );
+        let call = ApiCall::from_exchange(&e).unwrap();
+        assert_eq!(call.operation, Some(Operation::Chat));
+        assert_eq!(call.model.as_deref(), Some("tiny"));
+        assert_eq!(
+            (call.n, call.temperature, call.top_p),
+            (Some(2), Some(0.5), None)
+        );
+        assert_eq!(call.max_tokens, Some(7));
+        assert_eq!(call.user.as_deref(), Some("u1"));
+        assert_eq!(call.traceparent.as_deref(), Some("00-aa-bb-01"));
+        assert_eq!(call.response_id.as_deref(), Some("chatcmpl-1"));
+        assert_eq!(call.finish_reasons, ["length", "stop"]);
+        assert_eq!(
+            call.usage,
+            Usage {
+                input: Some(5),
+                output: Some(9),
+                total: Some(14)
+            }
+        );
+        assert_eq!(
+            call.output_messages.as_deref(),
+            Some(r#"[{"content":"a","role":"assistant"},{"content":"b","role":"assistant"}]"#)
+        );
+        assert_eq!(
+            call.input_messages.as_deref(),
+            Some(r#"[{"content":"hi","role":"user"}]"#)
+        );
+    }
+
+    #[test]
+    fn streamed_completion_with_usage() {
+        let mut e = exchange(
+            "/v1/completions",
+            r#"{"model":"tiny","prompt":"x","stream":true,"stream_options":{"include_usage":true}}"#,
+            200,
+            "",
+        );
+        let resp = e.response.as_mut().unwrap();
+        resp.headers = vec![("content-type".into(), b"text/event-stream".to_vec())];
+        let chunks = [
+            r#"{"id":"cmpl-9","model":"tiny","choices":[{"index":0,"text":"he","finish_reason":null}]}"#,
+            r#"{"id":"cmpl-9","model":"tiny","choices":[{"index":0,"text":"llo","finish_reason":"length"}]}"#,
+            r#"{"id":"cmpl-9","model":"tiny","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#,
+            "[DONE]",
+        ];
+        resp.sse_events = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, data)| SseEvent {
+                ts_ns: 10 + i as u64,
+                event: None,
+                data: (*data).into(),
+                id: None,
+            })
+            .collect();
+        let call = ApiCall::from_exchange(&e).unwrap();
+        assert!(call.stream);
+        assert_eq!(call.response_id.as_deref(), Some("cmpl-9"));
+        assert_eq!(call.finish_reasons, ["length"]);
+        assert_eq!(call.usage.output, Some(2));
+        assert_eq!(call.content_event_ns, [10, 11]);
+        assert_eq!(
+            call.output_messages.as_deref(),
+            Some(r#"[{"content":"hello","role":"assistant"}]"#)
+        );
+    }
+
+    #[test]
+    fn error_response_and_unknown_paths() {
+        let e = exchange(
+            "/v1/completions",
+            "{not json",
+            400,
+            r#"{"error":{"message":"bad request","type":"BadRequestError","code":400}}"#,
+        );
+        let call = ApiCall::from_exchange(&e).unwrap();
+        assert_eq!(call.status, Some(400));
+        assert_eq!(call.error.as_deref(), Some("bad request"));
+        assert_eq!(call.model, None);
+        assert!(ApiCall::from_exchange(&exchange("/health", "", 200, "")).is_none());
+        assert_eq!(
+            Operation::from_path("/v1/score?x=1"),
+            Some(Operation::Rerank)
+        );
+    }
+}

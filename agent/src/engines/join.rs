@@ -1,0 +1,262 @@
+//! Joins API calls (HTTP exchanges) to the engine requests they caused.
+//!
+//! The HTTP exchange is decoded when its response is complete, which is after the engine's last
+//! output for it reached the frontend; but messages of one drain batch are handed over in the
+//! order they *started*, so an exchange can arrive before the final outputs of its engine
+//! requests. Both sides therefore wait here for [`GRACE_NS`] of capture time before they are
+//! joined (by id) or reported alone.
+//!
+//! Ids: the API answers with `chatcmpl-X` / `cmpl-X`; the engine request carries that id, or
+//! (completions with several prompts) `cmpl-X-<prompt index>`, and n>1 children are
+//! `<i>_<id>`. A call without an id (the client went away before any response) is joined to
+//! the first unclaimed engine request the frontend sent after the call's body arrived.
+use std::collections::VecDeque;
+
+use crate::decode::{http::HttpExchange, openai::ApiCall};
+
+/// How long (capture time) each side waits for the other.
+pub const GRACE_NS: u64 = 1_000_000_000;
+/// Calls or requests waiting at once; beyond it the oldest is reported unjoined.
+const MAX_WAITING: usize = 65_536;
+
+/// What the joiner needs to know about an engine request.
+pub trait EngineRequestInfo {
+    /// The id the API layer answers with (engine suffixes allowed, see the module docs).
+    fn api_id(&self) -> &str;
+    /// Capture time the frontend handed the request to the engine.
+    fn sent_ns(&self) -> u64;
+    /// Capture time the frontend learnt that it finished.
+    fn done_ns(&self) -> u64;
+}
+
+/// An API call with the capture times of its exchange (CLOCK_MONOTONIC ns).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiExchange {
+    pub call: ApiCall,
+    pub request_first_ns: u64,
+    pub request_last_ns: u64,
+    pub response_first_ns: Option<u64>,
+    pub response_last_ns: Option<u64>,
+    /// The response arrived whole.
+    pub complete: bool,
+}
+
+impl ApiExchange {
+    pub fn from_exchange(exchange: &HttpExchange) -> Option<Self> {
+        let call = ApiCall::from_exchange(exchange)?;
+        let request = exchange.request.as_ref()?;
+        Some(Self {
+            call,
+            request_first_ns: request.first_ns,
+            request_last_ns: request.last_ns,
+            response_first_ns: exchange.response.as_ref().map(|r| r.first_ns),
+            response_last_ns: exchange.response.as_ref().map(|r| r.last_ns),
+            complete: exchange.complete,
+        })
+    }
+
+    fn end_ns(&self) -> u64 {
+        self.response_last_ns.unwrap_or(self.request_last_ns)
+    }
+}
+
+/// An API call and its engine requests (either side may be missing).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome<T> {
+    pub api: Option<ApiExchange>,
+    pub engine: Vec<T>,
+}
+
+pub struct Joiner<T> {
+    /// Calls with the capture time they were handed over (their wait starts then at the
+    /// earliest: a call the client abandoned is decoded only when its connection closes).
+    apis: VecDeque<(ApiExchange, u64)>,
+    engines: VecDeque<T>,
+}
+
+impl<T> Default for Joiner<T> {
+    fn default() -> Self {
+        Self {
+            apis: VecDeque::new(),
+            engines: VecDeque::new(),
+        }
+    }
+}
+
+/// Whether engine id `engine` belongs to API response id `api`.
+pub fn ids_match(api: &str, engine: &str) -> bool {
+    let engine = match engine.split_once('_') {
+        Some((index, rest)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => {
+            rest
+        }
+        _ => engine,
+    };
+    match engine.strip_prefix(api) {
+        Some("") => true,
+        Some(rest) => rest
+            .strip_prefix('-')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
+}
+
+impl<T: EngineRequestInfo> Joiner<T> {
+    pub fn add_api(&mut self, api: ApiExchange, now_ns: u64) {
+        let since = api.end_ns().max(now_ns);
+        self.apis.push_back((api, since));
+    }
+
+    pub fn add_engine(&mut self, engine: T) {
+        self.engines.push_back(engine);
+    }
+
+    /// Join and report what has waited long enough at capture time `now_ns`.
+    pub fn advance(&mut self, now_ns: u64) -> Vec<Outcome<T>> {
+        let mut done = Vec::new();
+        while self
+            .apis
+            .front()
+            .is_some_and(|(_, since)| since.saturating_add(GRACE_NS) <= now_ns)
+            || self.apis.len() > MAX_WAITING
+        {
+            let (api, _) = self.apis.pop_front().expect("checked non-empty");
+            let engine = self.claim(&api);
+            done.push(Outcome {
+                api: Some(api),
+                engine,
+            });
+        }
+        let cutoff = now_ns.saturating_sub(2 * GRACE_NS);
+        let waiting_api_start = self.apis.iter().map(|(a, _)| a.request_first_ns).min();
+        while let Some(oldest) = self.engines.front() {
+            // An engine request may still be claimed by a call that is waiting.
+            let claimable = waiting_api_start.is_some_and(|start| oldest.sent_ns() >= start);
+            if (oldest.done_ns() <= cutoff && !claimable) || self.engines.len() > MAX_WAITING {
+                let engine = self.engines.pop_front().expect("checked non-empty");
+                done.push(Outcome {
+                    api: None,
+                    engine: vec![engine],
+                });
+            } else {
+                break;
+            }
+        }
+        done
+    }
+
+    /// End of the session: everything waiting is reported.
+    pub fn finish(&mut self) -> Vec<Outcome<T>> {
+        let mut done = self.advance(u64::MAX);
+        done.extend(self.engines.drain(..).map(|engine| Outcome {
+            api: None,
+            engine: vec![engine],
+        }));
+        done
+    }
+
+    /// Take the engine requests that belong to `api`.
+    fn claim(&mut self, api: &ApiExchange) -> Vec<T> {
+        if let Some(id) = api.call.response_id.as_deref() {
+            let (mine, rest): (VecDeque<T>, VecDeque<T>) = self
+                .engines
+                .drain(..)
+                .partition(|e| ids_match(id, e.api_id()));
+            self.engines = rest;
+            return mine.into();
+        }
+        // No response id: an error answered before the engine was asked, or a client that went
+        // away; the latter's request is the first one sent after its body arrived.
+        if api.call.status.is_some_and(|s| s >= 400) {
+            return Vec::new();
+        }
+        let at = self
+            .engines
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| {
+                e.sent_ns() >= api.request_last_ns
+                    && e.sent_ns() <= api.request_last_ns.saturating_add(GRACE_NS)
+            })
+            .min_by_key(|(_, e)| e.sent_ns())
+            .map(|(i, _)| i);
+        at.and_then(|i| self.engines.remove(i))
+            .into_iter()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_rules() {
+        assert!(ids_match("chatcmpl-ab", "chatcmpl-ab"));
+        assert!(ids_match("cmpl-ab", "cmpl-ab-0"));
+        assert!(ids_match("cmpl-ab", "1_cmpl-ab-0"));
+        assert!(ids_match("chatcmpl-ab", "0_chatcmpl-ab"));
+        assert!(!ids_match("cmpl-ab", "cmpl-abc"));
+        assert!(!ids_match("cmpl-ab", "cmpl-ab-x1"));
+        assert!(!ids_match("cmpl-ab", "x_cmpl-ab"));
+        assert!(!ids_match("cmpl-ab", "cmpl-ab-"));
+    }
+
+    #[derive(Debug, PartialEq)]
+    struct E(&'static str, u64, u64);
+    impl EngineRequestInfo for E {
+        fn api_id(&self) -> &str {
+            self.0
+        }
+        fn sent_ns(&self) -> u64 {
+            self.1
+        }
+        fn done_ns(&self) -> u64 {
+            self.2
+        }
+    }
+
+    fn api(id: Option<&str>, status: Option<u16>, first: u64, last: u64) -> ApiExchange {
+        ApiExchange {
+            call: ApiCall {
+                response_id: id.map(str::to_owned),
+                status,
+                ..ApiCall::default()
+            },
+            request_first_ns: first,
+            request_last_ns: first + 1,
+            response_first_ns: status.map(|_| last - 1),
+            response_last_ns: status.map(|_| last),
+            complete: status.is_some(),
+        }
+    }
+
+    #[test]
+    fn joins_by_id_after_the_grace_period() {
+        let mut j = Joiner::default();
+        j.add_api(api(Some("cmpl-1"), Some(200), 10, 100), 0);
+        j.add_engine(E("0_cmpl-1-0", 20, 90));
+        j.add_engine(E("1_cmpl-1-0", 21, 95));
+        j.add_engine(E("cmpl-2", 30, 99));
+        assert!(j.advance(100 + GRACE_NS - 1).is_empty());
+        let done = j.advance(100 + GRACE_NS);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].engine.len(), 2);
+        // The unclaimed one is reported alone once it has waited too.
+        let done = j.advance(99 + 2 * GRACE_NS);
+        assert_eq!(done[0].api, None);
+        assert_eq!(done[0].engine, vec![E("cmpl-2", 30, 99)]);
+    }
+
+    #[test]
+    fn a_call_without_response_takes_the_next_request_sent() {
+        let mut j = Joiner::default();
+        j.add_engine(E("cmpl-early", 5, 50));
+        j.add_engine(E("cmpl-late", 15, 60));
+        j.add_api(api(None, None, 10, 0), 70);
+        j.add_api(api(None, Some(400), 12, 14), 70);
+        let done = j.finish();
+        assert_eq!(done[0].engine, vec![E("cmpl-late", 15, 60)]);
+        assert!(done[1].engine.is_empty());
+        assert_eq!(done[2].engine, vec![E("cmpl-early", 5, 50)]);
+    }
+}

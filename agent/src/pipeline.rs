@@ -1,0 +1,181 @@
+//! Decoded messages -> engine tracker -> spans and metrics -> exporters.
+use std::sync::{Arc, Mutex};
+
+use crate::{
+    decode::{
+        flows::Decoded,
+        vllm::{SCHEMAS, VllmDecoder, schema_for_version},
+    },
+    engines::vllm::{TrackerStats, VllmEvent, VllmTracker},
+    export::Exporter,
+    telemetry::{
+        Clock,
+        metrics::Registry,
+        span::IdGenerator,
+        vllm_metrics::VllmMetrics,
+        vllm_spans::{self, SpanOptions},
+    },
+};
+
+#[derive(Clone, Debug)]
+pub struct PipelineOptions {
+    pub spans: SpanOptions,
+    /// Metrics snapshots go to the exporters this often (capture time), ns.
+    pub metrics_interval_ns: u64,
+    /// The engine's installed version (from discovery), which picks the wire layout.
+    pub vllm_version: Option<String>,
+}
+
+/// What the pipeline produced.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct PipelineStats {
+    pub traces: u64,
+    pub spans: u64,
+}
+
+pub struct Pipeline {
+    tracker: VllmTracker,
+    span_options: SpanOptions,
+    clock: Clock,
+    ids: IdGenerator,
+    metrics: VllmMetrics,
+    registry: Arc<Mutex<Registry>>,
+    exporters: Vec<Box<dyn Exporter>>,
+    metrics_interval_ns: u64,
+    next_metrics_ns: Option<u64>,
+    events: Vec<VllmEvent>,
+    pub stats: PipelineStats,
+}
+
+/// The wire layout decoder for an engine version, saying so when the version is unknown.
+fn decoder_for(version: Option<&str>) -> VllmDecoder {
+    let newest = SCHEMAS[SCHEMAS.len() - 1];
+    let schema = match version {
+        Some(v) => {
+            let (schema, known) = schema_for_version(v);
+            if known {
+                tracing::info!("vLLM {v}: decoding with the {} layout", schema.name);
+            } else {
+                tracing::warn!(
+                    "vLLM {v} is not a version infertrace knows; decoding with the closest \
+                     layout ({}), checked message by message",
+                    schema.name
+                );
+            }
+            schema
+        }
+        None => {
+            tracing::warn!(
+                "vLLM version unknown; decoding with the {} layout, checked message by message",
+                newest.name
+            );
+            newest
+        }
+    };
+    VllmDecoder::new(schema)
+}
+
+impl Pipeline {
+    pub fn new(
+        options: PipelineOptions,
+        clock: Clock,
+        registry: Arc<Mutex<Registry>>,
+        exporters: Vec<Box<dyn Exporter>>,
+    ) -> Self {
+        Self {
+            tracker: VllmTracker::new(decoder_for(options.vllm_version.as_deref())),
+            metrics: VllmMetrics {
+                model_name: options.spans.default_model.clone(),
+            },
+            span_options: options.spans,
+            clock,
+            ids: IdGenerator::default(),
+            registry,
+            exporters,
+            metrics_interval_ns: options.metrics_interval_ns.max(1),
+            next_metrics_ns: None,
+            events: Vec::new(),
+            stats: PipelineStats::default(),
+        }
+    }
+
+    pub fn tracker_stats(&self) -> TrackerStats {
+        self.tracker.stats
+    }
+
+    /// Layout switches of the vLLM decoder (messages that fitted another version's table).
+    pub fn layout_switches(&self) -> u64 {
+        self.tracker.decoder().layout_switches
+    }
+
+    /// Take a batch of decoded messages (in time order).
+    pub fn handle(&mut self, batch: &[Decoded]) {
+        let mut events = std::mem::take(&mut self.events);
+        for decoded in batch {
+            self.tracker.feed(decoded, &mut events);
+        }
+        self.emit(&mut events);
+        self.events = events;
+    }
+
+    /// Capture time has reached `now_ns`: report what waited long enough, and the metrics
+    /// when an interval has passed.
+    pub fn tick(&mut self, now_ns: u64) {
+        let mut events = std::mem::take(&mut self.events);
+        self.tracker.advance(now_ns, &mut events);
+        self.emit(&mut events);
+        self.events = events;
+        let due = *self
+            .next_metrics_ns
+            .get_or_insert(now_ns.saturating_add(self.metrics_interval_ns));
+        if now_ns >= due {
+            self.next_metrics_ns = Some(now_ns.saturating_add(self.metrics_interval_ns));
+            self.export_metrics(now_ns);
+        }
+    }
+
+    /// End of the session: report everything, a last metrics snapshot, flush the exporters.
+    pub fn finish(&mut self, now_ns: u64) {
+        let mut events = std::mem::take(&mut self.events);
+        self.tracker.finish(&mut events);
+        self.emit(&mut events);
+        self.export_metrics(now_ns);
+        for exporter in &mut self.exporters {
+            exporter.shutdown();
+        }
+    }
+
+    fn export_metrics(&mut self, now_ns: u64) {
+        let samples = self.registry.lock().expect("registry lock").snapshot();
+        let unix_ns = self.clock.unix_ns(now_ns);
+        for exporter in &mut self.exporters {
+            exporter.metrics(&samples, unix_ns);
+        }
+    }
+
+    fn emit(&mut self, events: &mut Vec<VllmEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let mut registry = self.registry.lock().expect("registry lock");
+        let mut traces = Vec::new();
+        for event in events.drain(..) {
+            match event {
+                VllmEvent::Step(step) => self.metrics.step(&mut registry, &step),
+                VllmEvent::Request(trace) => {
+                    self.metrics.request(&mut registry, &trace, &self.clock);
+                    traces.push(trace);
+                }
+            }
+        }
+        drop(registry);
+        for trace in traces {
+            let spans = vllm_spans::spans(&trace, &self.span_options, &self.clock, &mut self.ids);
+            self.stats.traces += 1;
+            self.stats.spans += spans.len() as u64;
+            for exporter in &mut self.exporters {
+                exporter.spans(&spans);
+            }
+        }
+    }
+}

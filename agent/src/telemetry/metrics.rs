@@ -1,0 +1,155 @@
+//! The metrics registry: cumulative counters and last-value gauges, one series per metric name
+//! and set of dimension values. Exporters (Prometheus, OTLP, console) read snapshots of it.
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// A metric as the spec defines it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetricDef {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// The spec's unit column (`Count`, `Times`, `Seconds`, `Ratio`).
+    pub unit: &'static str,
+    pub description: &'static str,
+}
+
+/// Dimension name and value pairs, sorted by name.
+pub type Dimensions = Vec<(&'static str, String)>;
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Sample {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub dimensions: BTreeMap<&'static str, String>,
+    pub value: f64,
+}
+
+/// Upper bound on series (a hostile stream could invent model names); beyond it new series
+/// are dropped and counted.
+const MAX_SERIES: usize = 10_000;
+
+#[derive(Debug, Default)]
+pub struct Registry {
+    defs: BTreeMap<&'static str, MetricDef>,
+    series: BTreeMap<(&'static str, Dimensions), f64>,
+    /// Updates lost to the series bound.
+    pub dropped_updates: u64,
+}
+
+impl Registry {
+    fn slot(&mut self, def: &MetricDef, mut dims: Dimensions) -> Option<&mut f64> {
+        self.defs.entry(def.name).or_insert(*def);
+        dims.sort();
+        let key = (def.name, dims);
+        if !self.series.contains_key(&key) && self.series.len() >= MAX_SERIES {
+            self.dropped_updates += 1;
+            return None;
+        }
+        Some(self.series.entry(key).or_insert(0.0))
+    }
+
+    /// Add to a counter (negative or non-finite amounts are ignored: counters only grow).
+    pub fn add(&mut self, def: &MetricDef, dims: Dimensions, amount: f64) {
+        debug_assert_eq!(def.kind, Kind::Counter);
+        if amount.is_finite()
+            && amount >= 0.0
+            && let Some(v) = self.slot(def, dims)
+        {
+            *v += amount;
+        }
+    }
+
+    pub fn set(&mut self, def: &MetricDef, dims: Dimensions, value: f64) {
+        debug_assert_eq!(def.kind, Kind::Gauge);
+        if let Some(v) = self.slot(def, dims) {
+            *v = value;
+        }
+    }
+
+    pub fn def(&self, name: &str) -> Option<&MetricDef> {
+        self.defs.get(name)
+    }
+
+    /// Every series, by metric name then dimensions.
+    pub fn snapshot(&self) -> Vec<Sample> {
+        self.series
+            .iter()
+            .map(|((name, dims), value)| Sample {
+                name,
+                kind: self.defs[name].kind,
+                dimensions: dims.iter().cloned().collect(),
+                value: *value,
+            })
+            .collect()
+    }
+
+    /// The value of one series (tests and the console).
+    pub fn value(&self, name: &str, dims: &[(&str, &str)]) -> Option<f64> {
+        self.series
+            .iter()
+            .find(|((n, d), _)| {
+                *n == name
+                    && d.len() == dims.len()
+                    && dims
+                        .iter()
+                        .all(|(k, v)| d.iter().any(|(dk, dv)| dk == k && dv == v))
+            })
+            .map(|(_, v)| *v)
+    }
+
+    /// Sum of a metric over all its series.
+    pub fn total(&self, name: &str) -> f64 {
+        self.series
+            .iter()
+            .filter(|((n, _), _)| *n == name)
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: MetricDef = MetricDef {
+        name: "c",
+        kind: Kind::Counter,
+        unit: "Count",
+        description: "",
+    };
+    const G: MetricDef = MetricDef {
+        name: "g",
+        kind: Kind::Gauge,
+        unit: "Ratio",
+        description: "",
+    };
+
+    #[test]
+    fn counters_add_gauges_replace() {
+        let mut r = Registry::default();
+        r.add(&C, vec![("b", "2".into()), ("a", "1".into())], 2.0);
+        r.add(&C, vec![("a", "1".into()), ("b", "2".into())], 3.0);
+        r.add(&C, vec![("a", "1".into()), ("b", "2".into())], -1.0);
+        r.add(&C, vec![("a", "1".into()), ("b", "2".into())], f64::NAN);
+        r.set(&G, vec![], 0.5);
+        r.set(&G, vec![], 0.25);
+        assert_eq!(r.value("c", &[("a", "1"), ("b", "2")]), Some(5.0));
+        assert_eq!(r.value("g", &[]), Some(0.25));
+        assert_eq!(r.snapshot().len(), 2);
+    }
+
+    #[test]
+    fn series_are_bounded() {
+        let mut r = Registry::default();
+        for i in 0..MAX_SERIES + 5 {
+            r.add(&C, vec![("i", i.to_string())], 1.0);
+        }
+        assert_eq!(r.snapshot().len(), MAX_SERIES);
+        assert_eq!(r.dropped_updates, 5);
+    }
+}

@@ -1,0 +1,34 @@
+//! Request traces and engine steps -> the spec's spans and metrics (names, attributes, units
+//! and dimensions exactly as the spec writes them). Pure: exporters take it from here.
+pub mod metrics;
+pub mod span;
+pub mod vllm_metrics;
+pub mod vllm_spans;
+
+/// Converts the capture clock (CLOCK_MONOTONIC, which vLLM's `time.monotonic()` also reads)
+/// and wall-clock seconds into Unix nanoseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    /// CLOCK_REALTIME - CLOCK_MONOTONIC, ns, measured when the capture started.
+    pub realtime_minus_monotonic_ns: i128,
+}
+
+impl Clock {
+    pub fn unix_ns(&self, monotonic_ns: u64) -> u64 {
+        to_u64(i128::from(monotonic_ns) + self.realtime_minus_monotonic_ns)
+    }
+
+    /// A CLOCK_MONOTONIC time in seconds (an engine timestamp).
+    pub fn unix_ns_of_mono_secs(&self, seconds: f64) -> u64 {
+        to_u64((seconds * 1e9).round() as i128 + self.realtime_minus_monotonic_ns)
+    }
+
+    /// A wall-clock time in seconds (`time.time()`).
+    pub fn unix_ns_of_wall_secs(&self, seconds: f64) -> u64 {
+        to_u64((seconds * 1e9).round() as i128)
+    }
+}
+
+fn to_u64(ns: i128) -> u64 {
+    u64::try_from(ns.max(0)).unwrap_or(u64::MAX)
+}
