@@ -594,7 +594,12 @@ fn bad_arguments_are_refused_with_a_message() {
 fn attach_without_privileges_says_what_is_needed() {
     let sleeping = sleeper("30");
     let done = run(
-        agent_as_nobody(&["attach", "--messages", "--pid", &sleeping.0.id().to_string()]),
+        agent_as_nobody(&[
+            "attach",
+            "--messages",
+            "--pid",
+            &sleeping.0.id().to_string(),
+        ]),
         "infertrace attach as nobody",
         Duration::from_secs(10),
     );

@@ -333,6 +333,12 @@ impl ZmtpStream {
     /// signature, the major version and the rest separately). Anything else goes to the scanner.
     fn feed_greeting(&mut self, ts: u64, data: &[u8], out: &mut Vec<ZmtpEvent>) {
         if self.phase == Phase::Start {
+            if data.first() != Some(&0xFF) && whole_messages(data, self.max_frame) {
+                // Attached to an idle connection: its next send starts at a message boundary.
+                self.phase = Phase::Header;
+                self.consume(ts, data, out);
+                return;
+            }
             if data.first() != Some(&0xFF) {
                 self.phase = Phase::Unsynced;
                 self.push_scan(ts, data, true);
@@ -1219,6 +1225,40 @@ fn parse_header(bytes: &[u8], max_frame: u64) -> Result<Option<FrameHeader>, Los
     Ok(Some(FrameHeader { flags, len, size }))
 }
 
+/// Whether `data`, the first syscall seen on a stream, is a run of whole messages: frames that
+/// parse back to back from its first byte (known commands only between messages), at least one
+/// of them a non-empty data frame, ending exactly at its last byte with a frame that ends a
+/// message. libzmq writes whole encoded frames per syscall, so on a connection that was idle
+/// when infertrace attached, this is the normal case and the first message need not be dropped
+/// (a syscall that starts mid-message fits these rules only by a rare coincidence of its first
+/// bytes with the exact remaining length).
+fn whole_messages(data: &[u8], max_frame: u64) -> bool {
+    let (mut at, mut in_message, mut solid_data) = (0, false, false);
+    while at < data.len() {
+        let Ok(Some(header)) = parse_header(&data[at..], max_frame) else {
+            return false;
+        };
+        let body = at + header.len;
+        let Some(end) = usize::try_from(header.size)
+            .ok()
+            .and_then(|size| body.checked_add(size))
+            .filter(|&end| end <= data.len())
+        else {
+            return false;
+        };
+        if header.is_command() {
+            if in_message || split_command(&data[body..end]).is_none() {
+                return false;
+            }
+        } else {
+            solid_data |= header.size > 0;
+            in_message = header.has_more();
+        }
+        at = end;
+    }
+    solid_data && !in_message
+}
+
 /// Whether `body`, the first bytes (possibly all) of a command of `size` bytes, can be the start
 /// of a known command.
 fn command_prefix_ok(body: &[u8], size: u64) -> bool {
@@ -1546,10 +1586,13 @@ mod tests {
         let partial = vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()];
         let wire = encode(&partial);
         let sent: Vec<_> = (0..4u8).map(|i| vec![vec![i], vec![i; 20]]).collect();
+        let next = encode(&sent[0]);
         let mut s = ZmtpStream::new();
-        // Start at the second frame of a three-frame message.
-        let mut events = s.feed(1, &wire[3..]);
-        for m in &sent {
+        // Start at the second frame of a three-frame message; the syscall ends inside the next
+        // message, so it is not a run of whole messages.
+        let mut events = s.feed(1, &[&wire[3..], &next[..5]].concat());
+        events.extend(s.feed(2, &next[5..]));
+        for m in &sent[1..] {
             events.extend(s.feed(2, &encode(m)));
         }
         assert_eq!(frames_of(&events), sent);
@@ -1558,28 +1601,49 @@ mod tests {
     }
 
     #[test]
+    fn first_syscall_of_whole_messages_is_trusted() {
+        // Attached to an idle connection: the first send starts at a message boundary.
+        let sent: Vec<_> = (0..3u8).map(|i| vec![vec![i], vec![i; 20]]).collect();
+        let mut s = ZmtpStream::new();
+        let events = s.feed(1, &[encode(&sent[0]), encode(&sent[1])].concat());
+        assert_eq!(frames_of(&events), &sent[..2]);
+        assert_eq!(frames_of(&s.feed(2, &encode(&sent[2]))), &sent[2..]);
+        assert_eq!(s.stats().resyncs, 0);
+        // Not trusted: a first syscall that ends inside a message, or holds an unknown command.
+        for first in [
+            encode(&sent[0])[..10].to_vec(),
+            [&encode(&sent[0])[..], &[0x04, 0x03, 0x02, b'X', b'Y']].concat(),
+        ] {
+            let mut s = ZmtpStream::new();
+            assert!(s.feed(1, &first).is_empty());
+            assert!(!s.is_synced());
+        }
+    }
+
+    #[test]
     fn resync_holds_messages_until_new_frames_confirm_it() {
         let partial = encode(&[b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
         let sent: Vec<_> = (1..4u8).map(|i| vec![vec![i], vec![i; 20]]).collect();
+        let second = encode(&sent[1]);
+        // Starts inside a message and ends inside another: resynchronised, not trusted whole.
+        let first = [&partial[3..], &encode(&sent[0])[..], &second[..3]].concat();
         let mut s = ZmtpStream::new();
         // Synced on this feed; its frames were the evidence, so they do not end the probation.
-        assert!(
-            s.feed(1, &[&partial[3..], &encode(&sent[0])[..]].concat())
-                .is_empty()
-        );
+        assert!(s.feed(1, &first).is_empty());
         assert!(s.is_synced());
-        assert!(s.feed(2, &encode(&sent[1])).is_empty());
+        assert!(s.feed(2, &second[3..]).is_empty());
         let events = s.feed(3, &encode(&sent[2]));
         assert_eq!(frames_of(&events), sent);
         let times: Vec<_> = messages(&events).iter().map(|m| m.first_ns).collect();
-        assert_eq!(times, vec![1, 2, 3]);
+        assert_eq!(times, vec![1, 1, 3]);
 
         // Sync lost during the probation: what was held is dropped, not delivered.
         let mut s = ZmtpStream::new();
-        s.feed(1, &[&partial[3..], &encode(&sent[0])[..]].concat());
+        s.feed(1, &first);
         s.gap();
         assert_eq!(s.stats().messages, 0);
-        assert_eq!(s.stats().partial_dropped, 2);
+        // The skipped first frames, the held message and the one cut by the gap.
+        assert_eq!(s.stats().partial_dropped, 3);
     }
 
     #[test]
