@@ -205,40 +205,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Attach(args) => live(&args, None),
         Command::Record { capture, output } => live(&capture, Some(output)),
         Command::Replay { file, output } => {
-            let mut pipeline: Option<Pipeline> = None;
-            let mut last_ns = 0;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let (header, summary) = session::replay(&file, |header, d| {
-                if pipeline.is_none() {
+            let (header, summary, pipeline) = session::replay_pipeline(
+                &file,
+                |header| {
                     let clock = Clock {
                         realtime_minus_monotonic_ns: header.realtime_minus_monotonic_ns,
                     };
-                    match output.pipeline(
+                    output.pipeline(
                         clock,
                         header.engine_version.clone(),
                         header.served_model.clone(),
-                    ) {
-                        Ok(p) => pipeline = Some(p),
-                        Err(e) => {
-                            eprintln!("infertrace: {e:#}");
-                            std::process::exit(1);
-                        }
+                    )
+                },
+                |header, d| {
+                    if output.messages {
+                        let line = Console::new(header.realtime_minus_monotonic_ns).line(d);
+                        let _ = writeln!(out, "{line}");
                     }
-                }
-                if output.messages {
-                    let line = Console::new(header.realtime_minus_monotonic_ns).line(d);
-                    let _ = writeln!(out, "{line}");
-                }
-                let p = pipeline.as_mut().expect("created above");
-                p.handle(std::slice::from_ref(d));
-                last_ns = last_ns.max(d.end_ns());
-                p.tick(last_ns);
-            })?;
+                },
+            )?;
             out.flush()?;
-            drop(out);
-            if let Some(p) = pipeline.as_mut() {
-                p.finish(last_ns);
-            }
             eprintln!(
                 "replayed {} (host {}, kernel {}, pids {:?}): {summary}{}",
                 file.display(),

@@ -22,6 +22,7 @@ use crate::{
     },
     decode::flows::{Decoded, FlowStats, FlowTable},
     discover::{procfs, system},
+    pipeline::Pipeline,
 };
 
 /// How a live session runs.
@@ -281,4 +282,39 @@ pub fn replay(
         tracing::warn!("{}: {e}; decoded what came before it", path.display());
     }
     Ok((header, summary))
+}
+
+/// Replay a recording through the decoders and a pipeline made from the recording's header
+/// (its clock offset, engine version and model), as `attach` would have run it. `each` also
+/// sees every decoded message. The pipeline is returned finished (None: nothing decoded).
+pub fn replay_pipeline(
+    path: &Path,
+    make: impl FnOnce(&Header) -> anyhow::Result<Pipeline>,
+    mut each: impl FnMut(&Header, &Decoded),
+) -> anyhow::Result<(Header, Summary, Option<Pipeline>)> {
+    let mut make = Some(make);
+    let mut pipeline: Option<Pipeline> = None;
+    let mut error = None;
+    let mut last_ns = 0;
+    let (header, summary) = replay(path, |header, decoded| {
+        if let Some(make) = make.take() {
+            match make(header) {
+                Ok(p) => pipeline = Some(p),
+                Err(e) => error = Some(e),
+            }
+        }
+        each(header, decoded);
+        if let Some(p) = pipeline.as_mut() {
+            p.handle(std::slice::from_ref(decoded));
+            last_ns = last_ns.max(decoded.end_ns());
+            p.tick(last_ns);
+        }
+    })?;
+    if let Some(e) = error {
+        return Err(e);
+    }
+    if let Some(p) = pipeline.as_mut() {
+        p.finish(last_ns);
+    }
+    Ok((header, summary, pipeline))
 }

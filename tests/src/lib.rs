@@ -1,5 +1,7 @@
 //! Helpers for infertrace's root integration tests: start real processes, trace them with the
 //! real eBPF programs, collect what the decoders produced.
+pub mod vllm_truth;
+
 use std::{
     io::{BufRead, BufReader, Write},
     path::PathBuf,

@@ -132,3 +132,71 @@ fn long_prompt_add_request_is_decoded_whole_on_both_sides() {
         .unwrap();
     assert!(long.1.frames[1].len() > 4000);
 }
+
+/// The workload fixture (tests/fixtures/vllm-0.32.0-workload.md): streaming and non-streaming
+/// chat and completions, n=2, a burst beyond --max-num-seqs (queueing, 3 preemptions), chunked
+/// prefill, client aborts and invalid requests, recorded with vLLM's own tracing on. Replayed
+/// through the whole pipeline, the spans and counters must agree with vLLM's.
+#[test]
+fn workload_spans_and_metrics_agree_with_vllms_own() {
+    use std::{
+        io::BufWriter,
+        sync::{Arc, Mutex},
+    };
+
+    use infertrace::{
+        export::jsonl::Jsonl,
+        pipeline::{Pipeline, PipelineOptions},
+        telemetry::{Clock, metrics::Registry, vllm_spans::SpanOptions},
+    };
+    use infertrace_tests::vllm_truth;
+
+    let out =
+        std::env::temp_dir().join(format!("infertrace-workload-{}.jsonl", std::process::id()));
+    let file = std::fs::File::create(&out).expect("temp file");
+    let (_, summary, pipeline) = session::replay_pipeline(
+        &fixture("vllm-0.32.0-workload.rec"),
+        |header| {
+            Ok(Pipeline::new(
+                PipelineOptions {
+                    spans: SpanOptions {
+                        granularity: 2,
+                        capture_content: true,
+                        default_model: None,
+                    },
+                    metrics_interval_ns: 10_000_000_000,
+                    vllm_version: Some("0.32.0+cpu".into()),
+                },
+                Clock {
+                    realtime_minus_monotonic_ns: header.realtime_minus_monotonic_ns,
+                },
+                Arc::new(Mutex::new(Registry::default())),
+                vec![Box::new(Jsonl::new(BufWriter::new(file)))],
+            ))
+        },
+        |_, _| {},
+    )
+    .expect("replay");
+    let stats = pipeline.expect("decoded messages").tracker_stats();
+    assert_eq!(
+        (stats.undecodable, stats.requests_without_add),
+        (0, 0),
+        "{summary}"
+    );
+    let read = |name: &str| std::fs::read_to_string(fixture(name)).expect("fixture");
+    let report = vllm_truth::compare(
+        &out,
+        &fixture("vllm-0.32.0-workload.otlp.jsonl"),
+        &fixture("vllm-0.32.0-workload.client.json"),
+        &read("vllm-0.32.0-workload.metrics-before.txt"),
+        &read("vllm-0.32.0-workload.metrics-after.txt"),
+    );
+    let _ = std::fs::remove_file(&out);
+    println!("{}", report.text);
+    assert!(
+        report.failures.is_empty(),
+        "{:#?}\n{}",
+        report.failures,
+        report.text
+    );
+}

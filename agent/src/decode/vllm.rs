@@ -199,7 +199,7 @@ impl Default for Sampling {
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
-            max_tokens: None,
+            max_tokens: Some(16),
             logprobs: None,
         }
     }
@@ -546,7 +546,11 @@ fn sampling(map: &[(Value, Value)]) -> Sampling {
         temperature: get("temperature").and_then(float).unwrap_or(d.temperature),
         top_p: get("top_p").and_then(float).unwrap_or(d.top_p),
         top_k: get("top_k").and_then(Value::as_i64).unwrap_or(d.top_k),
-        max_tokens: get("max_tokens").and_then(Value::as_u64),
+        // Left out means the default (16); an explicit nil means no limit.
+        max_tokens: match map.iter().find(|(k, _)| k.as_str() == Some("max_tokens")) {
+            None => d.max_tokens,
+            Some((_, v)) => v.as_u64(),
+        },
         logprobs: get("logprobs").and_then(Value::as_u64),
     }
 }

@@ -83,7 +83,9 @@ impl<T> Default for Joiner<T> {
     }
 }
 
-/// Whether engine id `engine` belongs to API response id `api`.
+/// Whether engine id `engine` belongs to API response id `api`: after an optional `<i>_`
+/// child prefix, `engine` is `api`, optionally followed by `-<prompt index>` and then by the
+/// engine's own `-<8 hex digits>` suffix.
 pub fn ids_match(api: &str, engine: &str) -> bool {
     let engine = match engine.split_once('_') {
         Some((index, rest)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => {
@@ -91,13 +93,23 @@ pub fn ids_match(api: &str, engine: &str) -> bool {
         }
         _ => engine,
     };
-    match engine.strip_prefix(api) {
-        Some("") => true,
-        Some(rest) => rest
-            .strip_prefix('-')
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
-        None => false,
+    let Some(mut rest) = engine.strip_prefix(api) else {
+        return false;
+    };
+    let part = |rest: &str, ok: fn(&str) -> bool| -> Option<usize> {
+        let tail = rest.strip_prefix('-')?;
+        let end = tail.find('-').unwrap_or(tail.len());
+        ok(&tail[..end]).then_some(end + 1)
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let suffix = |s: &str| s.len() == 8 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if let Some(n) = part(rest, digits) {
+        rest = &rest[n..];
     }
+    if let Some(n) = part(rest, suffix) {
+        rest = &rest[n..];
+    }
+    rest.is_empty()
 }
 
 impl<T: EngineRequestInfo> Joiner<T> {
@@ -199,6 +211,11 @@ mod tests {
         assert!(!ids_match("cmpl-ab", "cmpl-ab-x1"));
         assert!(!ids_match("cmpl-ab", "x_cmpl-ab"));
         assert!(!ids_match("cmpl-ab", "cmpl-ab-"));
+        assert!(ids_match("cmpl-ab", "cmpl-ab-0-8a0c4653"));
+        assert!(ids_match("chatcmpl-ab", "1_chatcmpl-ab-bacd08f4"));
+        assert!(ids_match("cmpl-ab-0", "cmpl-ab-0-8a0c4653"));
+        assert!(!ids_match("cmpl-ab", "cmpl-ab-8a0c465"));
+        assert!(!ids_match("cmpl-ab", "cmpl-ab-8a0c4653-0"));
     }
 
     #[derive(Debug, PartialEq)]

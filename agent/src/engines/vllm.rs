@@ -403,7 +403,7 @@ impl VllmTracker {
     fn step(&mut self, step: &EngineOutputs, recv_ns: u64) -> StepReport {
         self.stats.steps += 1;
         let mut report = StepReport {
-            iteration: true,
+            iteration: !step.outputs.is_empty(),
             engine_index: step.engine_index,
             scheduler: step.scheduler_stats,
             ..StepReport::default()
