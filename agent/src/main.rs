@@ -18,10 +18,12 @@ use infertrace::{
         Exporter,
         console::{Console, ConsoleExporter},
         jsonl::Jsonl,
+        otlp::{Otlp, OtlpOptions, OtlpProtocol},
+        prometheus,
     },
     pipeline::{Pipeline, PipelineOptions},
     session::{self, LiveOptions},
-    telemetry::{Clock, metrics::Registry, vllm_spans::SpanOptions},
+    telemetry::{Clock, metrics::Registry, vllm_metrics, vllm_spans::SpanOptions},
 };
 
 /// Zero-code tracing for vLLM and SGLang: attach with eBPF to a running inference server and
@@ -108,12 +110,67 @@ struct OutputArgs {
     /// sensitive).
     #[arg(long)]
     capture_content: bool,
-    /// Seconds between metrics snapshots.
+    /// Seconds between metrics snapshots (console, JSONL, OTLP).
     #[arg(long, default_value_t = 10.0)]
     metrics_interval: f64,
+    /// Export spans and metrics over OTLP to this collector (e.g. http://127.0.0.1:4317 for
+    /// gRPC, http://127.0.0.1:4318 for HTTP). Default: OTEL_EXPORTER_OTLP_ENDPOINT (and the
+    /// other OTEL_EXPORTER_OTLP_* variables) when set; otherwise no OTLP export.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// OTLP transport: `grpc` or `http/protobuf` (default: OTEL_EXPORTER_OTLP_PROTOCOL, else
+    /// grpc).
+    #[arg(long, value_name = "PROTOCOL")]
+    otlp_protocol: Option<String>,
+    /// Serve the metrics for Prometheus to scrape at http://ADDR/metrics (e.g. 0.0.0.0:9464).
+    #[arg(long, value_name = "ADDR")]
+    prometheus: Option<String>,
 }
 
 impl OutputArgs {
+    /// OTLP settings, when OTLP export is asked for (flag or environment).
+    fn otlp(&self, engine_version: Option<&str>) -> anyhow::Result<Option<OtlpOptions>> {
+        let from_env = [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        ]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
+        if self.otlp_endpoint.is_none() && !from_env {
+            return Ok(None);
+        }
+        let protocol = match self
+            .otlp_protocol
+            .clone()
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").ok())
+        {
+            None => OtlpProtocol::Grpc,
+            Some(p) => OtlpProtocol::parse(&p).ok_or_else(|| {
+                anyhow::anyhow!("OTLP protocol {p:?}: expected `grpc` or `http/protobuf`")
+            })?,
+        };
+        let mut resource = vec![
+            (
+                "host.name".to_owned(),
+                infertrace::discover::system::hostname(),
+            ),
+            ("telemetry.auto.name".to_owned(), "infertrace".to_owned()),
+            (
+                "telemetry.auto.version".to_owned(),
+                env!("CARGO_PKG_VERSION").to_owned(),
+            ),
+        ];
+        if let Some(v) = engine_version {
+            resource.push(("service.version".to_owned(), v.to_owned()));
+        }
+        Ok(Some(OtlpOptions {
+            endpoint: self.otlp_endpoint.clone(),
+            protocol,
+            service_name: "vllm".to_owned(),
+            resource,
+        }))
+    }
+
     fn exporters(&self) -> anyhow::Result<Vec<Box<dyn Exporter>>> {
         let specs: Vec<&str> = if self.outputs.is_empty() {
             vec!["console"]
@@ -157,7 +214,26 @@ impl OutputArgs {
             vllm_version: engine_version,
         };
         let registry = Arc::new(Mutex::new(Registry::default()));
-        Ok(Pipeline::new(options, clock, registry, self.exporters()?))
+        let mut exporters = self.exporters()?;
+        if let Some(otlp) = self.otlp(options.vllm_version.as_deref())? {
+            tracing::info!(
+                "exporting over OTLP ({:?}) to {}",
+                otlp.protocol,
+                otlp.endpoint
+                    .as_deref()
+                    .unwrap_or("the OTEL_EXPORTER_OTLP_* endpoint")
+            );
+            exporters.push(Box::new(Otlp::start(
+                &otlp,
+                registry.clone(),
+                &vllm_metrics::ALL,
+            )?));
+        }
+        if let Some(addr) = &self.prometheus {
+            let bound = prometheus::serve(addr, registry.clone())?;
+            tracing::info!("Prometheus metrics at http://{bound}/metrics");
+        }
+        Ok(Pipeline::new(options, clock, registry, exporters))
     }
 }
 

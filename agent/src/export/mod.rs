@@ -5,6 +5,8 @@ use crate::telemetry::{metrics::Sample, span::Span};
 
 pub mod console;
 pub mod jsonl;
+pub mod otlp;
+pub mod prometheus;
 
 pub trait Exporter {
     /// The spans of one request trace (parents first).

@@ -131,6 +131,30 @@ pub const INFERENCE_TIME: MetricDef = counter(
     "The cumulative duration of requests in the RUNNING stage.",
 );
 
+/// Every vLLM metric of the spec, for exporters that declare instruments up front.
+pub static ALL: [&MetricDef; 20] = [
+    &USAGE_TOKENS,
+    &ITER_COUNT,
+    &REQUEST_SUCCESS,
+    &FIRST_TOKEN_SECONDS,
+    &TIME_PER_OUTPUT_TOKEN,
+    &REQUEST_DURATION,
+    &NUM_RUNNING,
+    &NUM_WAITING,
+    &KV_CACHE_USAGE,
+    &PREFIX_CACHE_QUERIES,
+    &PREFIX_CACHE_HITS,
+    &NUM_PREEMPTIONS,
+    &PROMPT_TOKENS,
+    &GENERATION_TOKENS,
+    &PARAMS_N,
+    &PARAMS_MAX_TOKENS,
+    &QUEUE_TIME,
+    &PREFILL_TIME,
+    &DECODE_TIME,
+    &INFERENCE_TIME,
+];
+
 /// Records vLLM steps and finished requests into a registry.
 #[derive(Debug, Default)]
 pub struct VllmMetrics {
