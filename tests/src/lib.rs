@@ -4,8 +4,9 @@ pub mod vllm_truth;
 
 use std::{
     io::{BufRead, BufReader, Write},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    sync::OnceLock,
     time::{Duration, Instant},
 };
 
@@ -32,6 +33,55 @@ pub fn zmtp_messages(decoded: &[Decoded], outgoing: bool) -> Vec<(u32, &ZmtpMess
             _ => None,
         })
         .collect()
+}
+
+/// The `infertrace` binary of this target directory and profile (`<target>/<profile>/infertrace`,
+/// next to the `deps` folder the test binary lives in). `cargo test` builds only the
+/// library of the `infertrace` package, so the binary is built (or brought up to date) once
+/// per test process with `cargo build -p infertrace`.
+pub fn infertrace_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("path of the test binary");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test binary lives in <target>/<profile>/deps")
+            .to_path_buf();
+        let bin = profile_dir.join("infertrace");
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "infertrace",
+                "--bin",
+                "infertrace",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if let Some(target_dir) = profile_dir.parent() {
+            cargo.arg("--target-dir").arg(target_dir);
+        }
+        match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                cargo.arg("--release");
+            }
+            Some(other) => {
+                cargo.args(["--profile", other]);
+            }
+        }
+        let build = cargo.output().expect("running cargo build -p infertrace");
+        assert!(
+            build.status.success() && bin.is_file(),
+            "could not build {} ({}): run `cargo build -p infertrace` first\n{}",
+            bin.display(),
+            build.status,
+            String::from_utf8_lossy(&build.stderr)
+        );
+        bin
+    })
 }
 
 /// Path of a file in tests/fixtures.

@@ -11,72 +11,23 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::{
-        Arc, Mutex, OnceLock,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
     thread::{self, JoinHandle},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use infertrace_tests::{Script, fixture, python};
+use infertrace_tests::{Script, fixture, infertrace_bin, python};
 
 /// uid/gid of `nobody`.
 const NOBODY: &str = "65534";
 
 // ---- the binary --------------------------------------------------------------------------
 
-/// The `infertrace` binary of this target directory and profile (`<target>/<profile>/infertrace`,
-/// next to the `deps` folder the test binary lives in). `cargo test` builds only the
-/// library of the `infertrace` package, so the binary is built (or brought up to date) once
-/// per test process with `cargo build -p infertrace`.
-fn infertrace() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("path of the test binary");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test binary lives in <target>/<profile>/deps")
-            .to_path_buf();
-        let bin = profile_dir.join("infertrace");
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "infertrace",
-                "--bin",
-                "infertrace",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if let Some(target_dir) = profile_dir.parent() {
-            cargo.arg("--target-dir").arg(target_dir);
-        }
-        match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => {}
-            Some("release") => {
-                cargo.arg("--release");
-            }
-            Some(other) => {
-                cargo.args(["--profile", other]);
-            }
-        }
-        let build = Proc::spawn(cargo, "cargo build -p infertrace").wait(Duration::from_secs(900));
-        assert!(
-            build.status.success() && bin.is_file(),
-            "could not build {} ({}): run `cargo build -p infertrace` first\n{}",
-            bin.display(),
-            build.status,
-            build.stderr
-        );
-        bin
-    })
-}
-
 /// `infertrace ARGS`, as root, with the default log level (info, on stderr).
 fn agent(args: &[&str]) -> Command {
-    let mut cmd = Command::new(infertrace());
+    let mut cmd = Command::new(infertrace_bin());
     cmd.args(args)
         .env_remove("INFERTRACE_LOG")
         .env("NO_COLOR", "1");
@@ -95,7 +46,7 @@ fn agent_as_nobody(args: &[&str]) -> Command {
         &format!("--regid={NOBODY}"),
         "--clear-groups",
     ])
-    .arg(infertrace())
+    .arg(infertrace_bin())
     .args(args)
     .current_dir("/")
     .env_remove("INFERTRACE_LOG")
@@ -689,7 +640,7 @@ fn attach_to_a_non_engine_warns_and_stops_after_the_duration() {
 
 #[test]
 fn attach_stops_by_itself_when_the_process_exits() {
-    infertrace(); // built before the clock starts
+    infertrace_bin(); // built before the clock starts
     // Long enough for the programs to load before it exits (an exit during attach is an error).
     let mut sleeping = Command::new("sleep").arg("2").spawn().expect("sleep");
     let pid = sleeping.id().to_string();
@@ -728,7 +679,7 @@ fn attach_stops_by_itself_when_the_process_exits() {
 #[test]
 
 fn attach_stops_when_the_process_exits_even_if_not_reaped() {
-    infertrace(); // built before the clock starts
+    infertrace_bin(); // built before the clock starts
     let mut sleeping = Reaped(Command::new("sleep").arg("2").spawn().expect("sleep"));
     let pid = sleeping.0.id().to_string();
     let mut agent = Proc::spawn(

@@ -40,18 +40,30 @@ pub fn test(skip_fuzz: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// target/test-venv with pyzmq, made once.
+/// target/test-venv, made once: pyzmq for the ZeroMQ fixture processes, grpcio and
+/// opentelemetry-proto for the OTLP receiver the export tests send to.
 fn test_venv(root: &Path) -> anyhow::Result<String> {
     let venv = root.join("target/test-venv");
     let python = venv.join("bin/python");
-    let has_zmq = Command::new(&python)
-        .args(["-c", "import zmq"])
+    let ready = Command::new(&python)
+        .args([
+            "-c",
+            "import zmq, grpc, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2",
+        ])
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if !has_zmq {
+    if !ready {
         run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-        run(Command::new(&python).args(["-m", "pip", "install", "-q", "pyzmq"]))?;
+        run(Command::new(&python).args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "pyzmq",
+            "grpcio",
+            "opentelemetry-proto",
+        ]))?;
     }
     Ok(python.to_string_lossy().into_owned())
 }

@@ -770,3 +770,1116 @@ fn sampled_logprobs(value: &Value, aux: &[Vec<u8>]) -> Option<Vec<f32>> {
             .collect(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn enc(value: &Value) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, value).expect("encode");
+        bytes
+    }
+
+    fn s(text: &str) -> Value {
+        Value::from(text)
+    }
+
+    fn map(entries: Vec<(&str, Value)>) -> Value {
+        Value::Map(entries.into_iter().map(|(k, v)| (s(k), v)).collect())
+    }
+
+    fn tokens(n: u64) -> Value {
+        Value::Array((0..n).map(|t| Value::from(1000 + t)).collect())
+    }
+
+    fn v0_11() -> &'static Schema {
+        SCHEMAS[0]
+    }
+
+    fn v0_14() -> &'static Schema {
+        SCHEMAS[1]
+    }
+
+    const ARRIVAL: f64 = 1_760_000_000.25;
+
+    /// `{"temperature": 0.0, "max_tokens": 8}`: n, top_p, ... hold their defaults and are left out.
+    fn greedy8() -> Value {
+        map(vec![("temperature", Value::F64(0.0)), ("max_tokens", Value::from(8))])
+    }
+
+    /// EngineCoreRequest of vLLM 0.14-0.33 (22 fields) up to `external_req_id` (16); the five
+    /// trailing fields hold their defaults and are left out (msgspec omit_defaults).
+    fn request_v14(sampling: Value) -> Value {
+        Value::Array(vec![
+            s("cmpl-abc-0-1a2b3c4d"),           // 0 request_id
+            tokens(5),                          // 1 prompt_token_ids
+            Value::Nil,                         // 2 mm_features
+            sampling,                           // 3 sampling_params
+            Value::Nil,                         // 4 pooling_params
+            Value::F64(ARRIVAL),                // 5 arrival_time
+            Value::Nil,                         // 6 lora_request
+            Value::Nil,                         // 7 cache_salt
+            Value::from(1),                     // 8 data_parallel_rank
+            Value::Nil,                         // 9 prompt_embeds
+            Value::Nil,                         // 10 prompt_is_token_ids
+            Value::from(0),                     // 11 client_index
+            Value::from(0),                     // 12 current_wave
+            Value::from(0),                     // 13 priority
+            map(vec![("traceparent", s("00-abc-def-01"))]), // 14 trace_headers
+            Value::Boolean(false),              // 15 resumable
+            s("cmpl-abc-0"),                    // 16 external_req_id
+        ])
+    }
+
+    /// The same request as vLLM 0.11 sends it (15 fields): `eos_token_id` at 5, `arrival_time`
+    /// at 6, `data_parallel_rank` at 9, no `external_req_id`.
+    fn request_v11(eos_token_id: Value) -> Value {
+        Value::Array(vec![
+            s("cmpl-abc-0"),                    // 0 request_id
+            tokens(5),                          // 1 prompt_token_ids
+            Value::Nil,                         // 2 mm_features
+            greedy8(),                          // 3 sampling_params
+            Value::Nil,                         // 4 pooling_params
+            eos_token_id,                       // 5 eos_token_id
+            Value::F64(ARRIVAL),                // 6 arrival_time
+            Value::Nil,                         // 7 lora_request
+            Value::Nil,                         // 8 cache_salt
+            Value::from(1),                     // 9 data_parallel_rank
+            Value::Nil,                         // 10 prompt_embeds
+            Value::from(0),                     // 11 client_index
+            Value::from(0),                     // 12 current_wave
+            Value::from(0),                     // 13 priority
+            map(vec![("traceparent", s("00-abc-def-01"))]), // 14 trace_headers
+        ])
+    }
+
+    fn add_frames(body: &Value) -> Vec<Vec<u8>> {
+        vec![vec![0x00], enc(body)]
+    }
+
+    fn decode_add(decoder: &mut VllmDecoder, body: &Value) -> Result<EngineRequest, VllmError> {
+        match decoder.input(&add_frames(body)).expect("an input message")? {
+            InputMessage::Add(request) => Ok(*request),
+            other => panic!("not an ADD: {other:?}"),
+        }
+    }
+
+    /// Replaces positional field `i` of an array value.
+    fn with_field(value: &Value, i: usize, new: Value) -> Value {
+        let mut fields = value.as_array().expect("array").clone();
+        fields[i] = new;
+        Value::Array(fields)
+    }
+
+    #[test]
+    fn schema_for_version_picks_the_range() {
+        assert_eq!(schema_for_version("0.32.0+cpu"), (v0_14(), true));
+        assert_eq!(schema_for_version("0.14.0"), (v0_14(), true));
+        assert_eq!(schema_for_version("0.33.1"), (v0_14(), true));
+        assert_eq!(schema_for_version("0.11.2"), (v0_11(), true));
+        assert_eq!(schema_for_version("0.13.0rc2"), (v0_11(), true));
+        assert_eq!(schema_for_version("0.8.5"), (v0_11(), false));
+        assert_eq!(schema_for_version("0.40.1"), (v0_14(), false));
+        assert_eq!(schema_for_version("1.0.0"), (v0_14(), false));
+        assert_eq!(v0_14().name, "vLLM 0.14-0.33");
+    }
+
+    #[test]
+    fn schema_for_version_survives_garbage() {
+        for garbage in ["", "cpu", "v", "..", "+", "dev-build", "\u{0}\u{ff}"] {
+            assert_eq!(schema_for_version(garbage), (v0_11(), false), "{garbage:?}");
+        }
+        // Numbers too big for u32 count as u32::MAX: newer than every table.
+        assert_eq!(
+            schema_for_version("99999999999999.1"),
+            (v0_14(), false)
+        );
+        assert_eq!(schema_for_version("0.99999999999999"), (v0_14(), false));
+        // Only digits count: "v0.32" is 0.32.
+        assert_eq!(schema_for_version("v0.32"), (v0_14(), true));
+    }
+
+    #[test]
+    fn add_v14_with_omitted_defaults() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let request = decode_add(&mut decoder, &request_v14(greedy8())).expect("decodes");
+        assert_eq!(
+            request,
+            EngineRequest {
+                request_id: "cmpl-abc-0-1a2b3c4d".into(),
+                external_req_id: Some("cmpl-abc-0".into()),
+                prompt_tokens: Some(5),
+                sampling: Some(Sampling {
+                    n: 1,
+                    temperature: 0.0,
+                    top_p: 1.0,
+                    top_k: 0,
+                    max_tokens: Some(8),
+                    logprobs: None,
+                }),
+                arrival_time: ARRIVAL,
+                data_parallel_rank: Some(1),
+                trace_headers: vec![("traceparent".into(), "00-abc-def-01".into())],
+                pd_role: PdRole::None,
+            }
+        );
+        assert_eq!(decoder.layout_switches, 0);
+        assert_eq!(decoder.schema(), v0_14());
+    }
+
+    #[test]
+    fn add_v14_with_only_required_fields() {
+        // Nothing after data_parallel_rank (8) differs from its default.
+        let body = Value::Array(vec![
+            s("req-1"),
+            tokens(3),
+            Value::Nil,
+            map(vec![]),
+            Value::Nil,
+            Value::F64(ARRIVAL),
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+        ]);
+        let request = decode_add(&mut VllmDecoder::new(v0_14()), &body).expect("decodes");
+        assert_eq!(request.request_id, "req-1");
+        assert_eq!(request.external_req_id, None);
+        assert_eq!(request.prompt_tokens, Some(3));
+        assert_eq!(request.sampling, Some(Sampling::default()));
+        assert_eq!(request.data_parallel_rank, None);
+        assert!(request.trace_headers.is_empty());
+        assert_eq!(request.pd_role, PdRole::None);
+    }
+
+    #[test]
+    fn sampling_params_defaults_and_explicit_values() {
+        let decode = |sampling: Value| {
+            decode_add(&mut VllmDecoder::new(v0_14()), &request_v14(sampling))
+                .expect("decodes")
+                .sampling
+                .expect("sampling")
+        };
+        // max_tokens left out: the default, 16.
+        assert_eq!(decode(map(vec![])).max_tokens, Some(16));
+        // Explicit nil: no limit.
+        assert_eq!(
+            decode(map(vec![("max_tokens", Value::Nil)])).max_tokens,
+            None
+        );
+        let all = decode(map(vec![
+            ("n", Value::from(3)),
+            ("temperature", Value::F64(0.7)),
+            ("top_p", Value::F32(0.5)),
+            ("top_k", Value::from(-1)),
+            ("max_tokens", Value::from(100)),
+            ("logprobs", Value::from(5)),
+            ("seed", Value::from(42)),
+            ("stop", Value::Array(vec![s("\n")])),
+        ]));
+        assert_eq!(
+            all,
+            Sampling {
+                n: 3,
+                temperature: 0.7,
+                top_p: 0.5,
+                top_k: -1,
+                max_tokens: Some(100),
+                logprobs: Some(5),
+            }
+        );
+        // sampling_params nil (a pooling request): no sampling, no role.
+        let pooling = decode_add(
+            &mut VllmDecoder::new(v0_14()),
+            &with_field(&request_v14(greedy8()), 3, Value::Nil),
+        )
+        .expect("decodes");
+        assert_eq!(pooling.sampling, None);
+        assert_eq!(pooling.pd_role, PdRole::None);
+    }
+
+    /// Found while writing these tests: `SamplingParams(temperature=0)` (an int, as the offline
+    /// `LLM` API keeps it; msgspec encodes it as the int 0) reads as the default 1.0.
+    #[test]
+    #[ignore = "bug: integer temperature/top_p in sampling_params fall back to the defaults"]
+    fn sampling_params_integer_floats() {
+        let request = decode_add(
+            &mut VllmDecoder::new(v0_14()),
+            &request_v14(map(vec![
+                ("temperature", Value::from(0)),
+                ("top_p", Value::from(0)),
+            ])),
+        )
+        .expect("decodes");
+        let sampling = request.sampling.expect("sampling");
+        assert_eq!(sampling.temperature, 0.0);
+        assert_eq!(sampling.top_p, 0.0);
+    }
+
+    #[test]
+    fn pd_role_from_kv_transfer_params() {
+        let role = |kv: Value| {
+            let sampling = map(vec![
+                ("max_tokens", Value::from(1)),
+                ("extra_args", map(vec![("kv_transfer_params", kv)])),
+            ]);
+            decode_add(&mut VllmDecoder::new(v0_14()), &request_v14(sampling))
+                .expect("decodes")
+                .pd_role
+        };
+        assert_eq!(
+            role(map(vec![
+                ("do_remote_decode", Value::Boolean(true)),
+                ("do_remote_prefill", Value::Boolean(false)),
+            ])),
+            PdRole::Producer
+        );
+        assert_eq!(
+            role(map(vec![
+                ("do_remote_decode", Value::Boolean(false)),
+                ("do_remote_prefill", Value::Boolean(true)),
+                ("remote_engine_id", s("e1")),
+                ("remote_block_ids", Value::Array(vec![Value::from(1)])),
+            ])),
+            PdRole::Consumer
+        );
+        assert_eq!(
+            role(map(vec![("do_remote_decode", Value::Boolean(false))])),
+            PdRole::None
+        );
+        assert_eq!(role(Value::Nil), PdRole::None);
+        // Not bools / not a map: no role, and not an error (these are free-form dicts).
+        assert_eq!(role(map(vec![("do_remote_decode", s("yes"))])), PdRole::None);
+        assert_eq!(role(Value::Array(vec![])), PdRole::None);
+        assert_eq!(PdRole::Producer.as_str(), "producer");
+        assert_eq!(PdRole::Consumer.as_str(), "consumer");
+        assert_eq!(PdRole::None.as_str(), "none");
+    }
+
+    #[test]
+    fn add_v11_switches_layout() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let request = decode_add(&mut decoder, &request_v11(Value::from(2))).expect("decodes");
+        assert_eq!(decoder.layout_switches, 1);
+        assert_eq!(decoder.schema(), v0_11());
+        assert_eq!(request.request_id, "cmpl-abc-0");
+        assert_eq!(request.external_req_id, None);
+        assert_eq!(request.prompt_tokens, Some(5));
+        assert_eq!(request.arrival_time, ARRIVAL);
+        assert_eq!(request.data_parallel_rank, Some(1));
+        assert_eq!(request.sampling.expect("sampling").max_tokens, Some(8));
+        assert_eq!(request.trace_headers.len(), 1);
+
+        // A model without an EOS token: eos_token_id nil; still 0.11, no further switch.
+        let request = decode_add(&mut decoder, &request_v11(Value::Nil)).expect("decodes");
+        assert_eq!(request.arrival_time, ARRIVAL);
+        assert_eq!(decoder.layout_switches, 1);
+
+        // And back.
+        let request = decode_add(&mut decoder, &request_v14(greedy8())).expect("decodes");
+        assert_eq!(request.external_req_id.as_deref(), Some("cmpl-abc-0"));
+        assert_eq!(decoder.layout_switches, 2);
+        assert_eq!(decoder.schema(), v0_14());
+    }
+
+    #[test]
+    fn add_v11_with_nil_eos_switches_layout_too() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let request = decode_add(&mut decoder, &request_v11(Value::Nil)).expect("decodes");
+        assert_eq!(decoder.layout_switches, 1);
+        assert_eq!(request.arrival_time, ARRIVAL);
+        assert_eq!(request.data_parallel_rank, Some(1));
+    }
+
+    #[test]
+    fn abort_and_control() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let ids = Value::Array(vec![s("a-1"), s("b-2")]);
+        assert_eq!(
+            decoder.input(&[vec![0x01], enc(&ids)]),
+            Some(Ok(InputMessage::Abort(vec!["a-1".into(), "b-2".into()])))
+        );
+        assert_eq!(
+            decoder.input(&[vec![0x01], enc(&Value::Array(vec![]))]),
+            Some(Ok(InputMessage::Abort(vec![])))
+        );
+        assert_eq!(
+            decoder.input(&[vec![0x01], enc(&s("a-1"))]),
+            Some(Err(VllmError::Layout("ABORT is not a list")))
+        );
+        assert_eq!(
+            decoder.input(&[vec![0x01], enc(&Value::Array(vec![s("a"), Value::from(1)]))]),
+            Some(Err(VllmError::Layout("ABORT id is not a string")))
+        );
+        // UTILITY: (client_index, call_id, method_name, args); its body is not looked at.
+        let utility = Value::Array(vec![
+            Value::from(0),
+            Value::from(7),
+            s("is_sleeping"),
+            Value::Array(vec![]),
+        ]);
+        for (byte, kind) in [
+            (0x02, RequestType::StartDpWave),
+            (0x03, RequestType::Utility),
+            (0x04, RequestType::ExecutorFailed),
+            (0x05, RequestType::Wakeup),
+        ] {
+            assert_eq!(
+                decoder.input(&[vec![byte], enc(&utility)]),
+                Some(Ok(InputMessage::Control(kind)))
+            );
+            assert_eq!(
+                decoder.input(&[vec![byte], b"not msgpack\xc1".to_vec()]),
+                Some(Ok(InputMessage::Control(kind)))
+            );
+        }
+        assert_eq!(decoder.layout_switches, 0);
+    }
+
+    #[test]
+    fn input_that_is_not_a_vllm_message() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let body = enc(&request_v14(greedy8()));
+        assert_eq!(decoder.input(&[]), None);
+        assert_eq!(decoder.input(&[vec![]]), None);
+        assert_eq!(decoder.input(&[vec![], body.clone()]), None);
+        assert_eq!(decoder.input(&[vec![0x00, 0x00], body.clone()]), None);
+        assert_eq!(decoder.input(&[vec![0x06], body.clone()]), None);
+        assert_eq!(decoder.input(&[vec![0xff], body]), None);
+        // The type frame alone (no body).
+        assert_eq!(decoder.input(&[vec![0x00]]), None);
+    }
+
+    fn event(kind: u64, timestamp: f64) -> Value {
+        map(vec![("type", Value::from(kind)), ("timestamp", Value::F64(timestamp))])
+    }
+
+    /// EngineCoreOutput (0.14-0.33) with fields up to `prefill_stats` (11).
+    fn output_v14(id: &str, finish: Value, prefill_stats: Value) -> Value {
+        Value::Array(vec![
+            s(id),                                                   // 0 request_id
+            Value::Array(vec![Value::from(42), Value::from(43)]),    // 1 new_token_ids
+            Value::Nil,                                              // 2 new_logprobs
+            Value::Nil,                                              // 3 new_prompt_logprobs_tensors
+            Value::Nil,                                              // 4 pooling_output
+            finish,                                                  // 5 finish_reason
+            Value::Nil,                                              // 6 stop_reason
+            Value::Array(vec![event(1, 100.5), event(2, 100.75)]),   // 7 events
+            Value::Nil,                                              // 8 kv_transfer_params
+            Value::Nil,                                              // 9 ec_transfer_params
+            Value::Nil,                                              // 10 trace_headers
+            prefill_stats,                                           // 11 prefill_stats
+        ])
+    }
+
+    fn prefill_stats() -> Value {
+        map(vec![
+            ("num_prompt_tokens", Value::from(20)),
+            ("num_computed_tokens", Value::from(4)),
+            ("num_cached_tokens", Value::from(16)),
+            ("num_local_cached_tokens", Value::from(16)),
+            ("num_external_cached_tokens", Value::from(0)),
+            ("num_cache_creation_tokens", Value::from(0)),
+        ])
+    }
+
+    fn scheduler_stats_v14() -> Value {
+        map(vec![
+            ("num_running_reqs", Value::from(2)),
+            ("num_waiting_reqs", Value::from(1)),
+            ("step_counter", Value::from(77)),
+            ("current_wave", Value::from(0)),
+            ("kv_cache_usage", Value::F64(0.125)),
+            (
+                "prefix_cache_stats",
+                map(vec![
+                    ("reset", Value::Boolean(false)),
+                    ("requests", Value::from(1)),
+                    ("queries", Value::from(20)),
+                    ("hits", Value::from(16)),
+                ]),
+            ),
+            ("spec_decoding_stats", Value::Nil),
+            ("kv_connector_stats", Value::Nil),
+            ("num_corrupted_reqs", Value::from(0)),
+        ])
+    }
+
+    /// EngineCoreOutputs: engine_index, outputs, scheduler_stats, timestamp; trailing defaults
+    /// (utility_output, finished_requests, ...) left out.
+    fn outputs_msg(outputs: Vec<Value>, stats: Value) -> Value {
+        Value::Array(vec![
+            Value::from(0),
+            Value::Array(outputs),
+            stats,
+            Value::F64(200.5),
+        ])
+    }
+
+    fn decode_outputs(
+        decoder: &mut VllmDecoder,
+        frames: &[Vec<u8>],
+    ) -> Result<EngineOutputs, VllmError> {
+        decoder.outputs(frames).expect("an output message")
+    }
+
+    #[test]
+    fn outputs_v14() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let msg = outputs_msg(
+            vec![
+                output_v14("r-1", Value::Nil, prefill_stats()),
+                output_v14("r-2", Value::from(1), Value::Nil),
+            ],
+            scheduler_stats_v14(),
+        );
+        let out = decode_outputs(&mut decoder, &[enc(&msg)]).expect("decodes");
+        assert_eq!(out.engine_index, 0);
+        assert_eq!(out.timestamp, 200.5);
+        assert!(!out.is_utility);
+        assert!(out.finished_requests.is_empty());
+        assert_eq!(
+            out.scheduler_stats,
+            Some(SchedulerStats {
+                num_running_reqs: 2,
+                num_waiting_reqs: 1,
+                kv_cache_usage: 0.125,
+                prefix_cache: Some(PrefixCacheStats {
+                    reset: false,
+                    requests: 1,
+                    queries: 20,
+                    hits: 16,
+                }),
+                step_counter: Some(77),
+            })
+        );
+        assert_eq!(out.outputs.len(), 2);
+        let first = &out.outputs[0];
+        assert_eq!(
+            *first,
+            RequestOutput {
+                request_id: "r-1".into(),
+                new_token_ids: vec![42, 43],
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+                events: vec![
+                    EngineEvent {
+                        kind: EventKind::Queued,
+                        timestamp: 100.5
+                    },
+                    EngineEvent {
+                        kind: EventKind::Scheduled,
+                        timestamp: 100.75
+                    },
+                ],
+                prefill: Some(PrefillTokens {
+                    prompt: Some(20),
+                    cached: 16,
+                    external_cached: Some(0),
+                }),
+                has_kv_transfer_params: false,
+            }
+        );
+        assert_eq!(out.outputs[1].finish_reason, Some(FinishReason::Length));
+        assert_eq!(out.outputs[1].prefill, None);
+        assert_eq!(decoder.layout_switches, 0);
+    }
+
+    #[test]
+    fn outputs_finish_reasons_and_stop_reasons() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let reasons = [
+            (0, FinishReason::Stop, "stop"),
+            (1, FinishReason::Length, "length"),
+            (2, FinishReason::Abort, "abort"),
+            (3, FinishReason::Error, "error"),
+            (4, FinishReason::Repetition, "repetition"),
+            (9, FinishReason::Unknown(9), "unknown"),
+        ];
+        for (code, reason, text) in reasons {
+            let msg = outputs_msg(
+                vec![output_v14("r", Value::from(code), Value::Nil)],
+                Value::Nil,
+            );
+            let out = decode_outputs(&mut decoder, &[enc(&msg)]).expect("decodes");
+            assert_eq!(out.outputs[0].finish_reason, Some(reason));
+            assert_eq!(reason.as_str(), text);
+        }
+        // stop_reason: a stop string, or the stop token id.
+        for (stop, text) in [(s("\n\n"), "\n\n"), (Value::from(128001), "128001")] {
+            let o = with_field(&output_v14("r", Value::from(0), Value::Nil), 6, stop);
+            let out = decode_outputs(&mut decoder, &[enc(&outputs_msg(vec![o], Value::Nil))])
+                .expect("decodes");
+            assert_eq!(out.outputs[0].stop_reason.as_deref(), Some(text));
+        }
+        assert_eq!(decoder.layout_switches, 0);
+    }
+
+    #[test]
+    fn outputs_events_of_every_kind() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let events = Value::Array(vec![
+            event(3, 1.0),
+            event(7, 2.0),
+            // Defensive form: a [type, timestamp] pair, timestamp as f32.
+            Value::Array(vec![Value::from(2), Value::F32(3.5)]),
+        ]);
+        let o = with_field(&output_v14("r", Value::Nil, Value::Nil), 7, events);
+        let out = decode_outputs(&mut decoder, &[enc(&outputs_msg(vec![o], Value::Nil))])
+            .expect("decodes");
+        let kinds: Vec<_> = out.outputs[0]
+            .events
+            .iter()
+            .map(|e| (e.kind, e.timestamp))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (EventKind::Preempted, 1.0),
+                (EventKind::Unknown(7), 2.0),
+                (EventKind::Scheduled, 3.5)
+            ]
+        );
+    }
+
+    #[test]
+    fn outputs_kv_transfer_utility_and_finished() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let o = with_field(
+            &output_v14("r", Value::from(0), Value::Nil),
+            8,
+            map(vec![("do_remote_prefill", Value::Boolean(true))]),
+        );
+        let msg = Value::Array(vec![
+            Value::from(3),
+            Value::Array(vec![o]),
+            Value::Nil,
+            Value::F64(5.0),
+            // UtilityOutput(call_id, failure_message, result)
+            Value::Array(vec![Value::from(7), Value::Nil, Value::Nil]),
+            Value::Array(vec![s("r"), s("q")]),
+        ]);
+        let out = decode_outputs(&mut decoder, &[enc(&msg)]).expect("decodes");
+        assert_eq!(out.engine_index, 3);
+        assert!(out.is_utility);
+        assert_eq!(out.finished_requests, ["r", "q"]);
+        assert!(out.outputs[0].has_kv_transfer_params);
+        assert_eq!(out.scheduler_stats, None);
+    }
+
+    #[test]
+    fn outputs_v11_num_cached_tokens_and_gpu_cache_usage() {
+        // 0.11: num_cached_tokens (int) at 10, no prefill_stats.
+        let o = Value::Array(vec![
+            s("r"),
+            Value::Array(vec![Value::from(5)]),
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::from(32),
+        ]);
+        let stats = map(vec![
+            ("num_running_reqs", Value::from(1)),
+            ("num_waiting_reqs", Value::from(0)),
+            ("gpu_cache_usage", Value::F64(0.5)),
+        ]);
+        let msg = enc(&outputs_msg(vec![o], stats));
+        let mut decoder = VllmDecoder::new(v0_11());
+        let out = decode_outputs(&mut decoder, &[msg]).expect("decodes");
+        assert_eq!(
+            out.outputs[0].prefill,
+            Some(PrefillTokens {
+                prompt: None,
+                cached: 32,
+                external_cached: None,
+            })
+        );
+        let stats = out.scheduler_stats.expect("stats");
+        assert_eq!(stats.kv_cache_usage, 0.5);
+        assert_eq!(stats.prefix_cache, None);
+        assert_eq!(stats.step_counter, None);
+        assert_eq!(decoder.layout_switches, 0);
+
+        // A 0.14 output (prefill_stats map at 11, trace_headers map at 10) does not fit 0.11.
+        let o = with_field(
+            &output_v14("r", Value::Nil, prefill_stats()),
+            10,
+            map(vec![("traceparent", s("00-x-y-01"))]),
+        );
+        let out = decode_outputs(&mut decoder, &[enc(&outputs_msg(vec![o], Value::Nil))])
+            .expect("decodes");
+        assert_eq!(decoder.layout_switches, 1);
+        assert_eq!(decoder.schema(), v0_14());
+        assert_eq!(out.outputs[0].prefill.expect("prefill").cached, 16);
+    }
+
+    fn f32_bytes(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    fn ndarray(dtype: &str, shape: &[u64], data: Value) -> Value {
+        Value::Array(vec![
+            s(dtype),
+            Value::Array(shape.iter().map(|&d| Value::from(d)).collect()),
+            data,
+        ])
+    }
+
+    fn with_logprobs(logprobs: Value) -> Value {
+        with_field(&output_v14("r", Value::Nil, Value::Nil), 2, logprobs)
+    }
+
+    /// LogprobsLists for 2 tokens x 3 columns (sampled + top 2), all inline.
+    fn logprobs_inline() -> Value {
+        let ids: Vec<u8> = [1i32, 2, 3, 4, 5, 6]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let ranks: Vec<u8> = [1i32, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+        Value::Array(vec![
+            ndarray("<i4", &[2, 3], Value::Ext(EXT_RAW_VIEW, ids)),
+            ndarray(
+                "<f4",
+                &[2, 3],
+                Value::Ext(
+                    EXT_RAW_VIEW,
+                    f32_bytes(&[-0.5, -1.5, -2.5, -0.25, -3.0, -4.0]),
+                ),
+            ),
+            ndarray("<i4", &[2], Value::Ext(EXT_RAW_VIEW, ranks)),
+            Value::Nil,
+        ])
+    }
+
+    fn logprobs_of(frames: &[Vec<u8>]) -> Option<Vec<f32>> {
+        let out = decode_outputs(&mut VllmDecoder::new(v0_14()), frames).expect("decodes");
+        out.outputs[0].logprobs.clone()
+    }
+
+    #[test]
+    fn logprobs_inline_column_zero() {
+        let msg = enc(&outputs_msg(vec![with_logprobs(logprobs_inline())], Value::Nil));
+        assert_eq!(logprobs_of(&[msg]), Some(vec![-0.5, -0.25]));
+    }
+
+    #[test]
+    fn logprobs_one_dimension_and_bad_shapes() {
+        let lists = |array: Value| {
+            let l = Value::Array(vec![Value::Nil, array, Value::Nil, Value::Nil]);
+            enc(&outputs_msg(vec![with_logprobs(l)], Value::Nil))
+        };
+        let raw = |values: &[f32]| Value::Ext(EXT_RAW_VIEW, f32_bytes(values));
+        // 1-D: one value per token.
+        assert_eq!(
+            logprobs_of(&[lists(ndarray("<f4", &[2], raw(&[-1.0, -2.0])))]),
+            Some(vec![-1.0, -2.0])
+        );
+        // Size does not match the shape, other dtype, other ext type, shapes that are not ints:
+        // no logprobs, and the step still decodes.
+        for bad in [
+            ndarray("<f4", &[2, 3], raw(&[-1.0, -2.0])),
+            ndarray("<f2", &[1, 1], Value::Ext(EXT_RAW_VIEW, vec![0, 0])),
+            ndarray("<f4", &[1, 1], Value::Ext(4, f32_bytes(&[-1.0]))),
+            ndarray("<f4", &[], raw(&[-1.0])),
+            Value::Array(vec![s("<f4"), Value::Array(vec![s("1")]), raw(&[-1.0])]),
+            Value::Array(vec![s("<f4"), Value::from(1), raw(&[-1.0])]),
+            Value::Array(vec![s("<f4"), Value::Array(vec![Value::from(1)])]),
+            Value::Array(vec![Value::from(1), Value::Array(vec![Value::from(1)]), raw(&[-1.0])]),
+            // An aux index past the frames.
+            ndarray("<f4", &[1, 1], Value::from(5)),
+            ndarray("<f4", &[1, 1], Value::from(-1)),
+            s("not an ndarray"),
+        ] {
+            assert_eq!(logprobs_of(&[lists(bad.clone())]), None, "{bad}");
+        }
+        // new_logprobs that is not a LogprobsLists at all.
+        for bad in [Value::from(1), s("x"), Value::Array(vec![]), map(vec![])] {
+            let msg = enc(&outputs_msg(vec![with_logprobs(bad)], Value::Nil));
+            assert_eq!(logprobs_of(&[msg]), None);
+        }
+    }
+
+    /// Shapes whose products overflow must give no logprobs, not a panic (overflow checks are
+    /// on in tests and fuzz builds; in release a wrapped `cols * 4 == 0` reaches
+    /// `chunks_exact(0)`, which panics too).
+    #[test]
+    #[ignore = "bug: sampled_logprobs panics on shapes whose products overflow"]
+    fn logprobs_overflowing_shapes() {
+        for shape in [
+            [0u64, 1 << 62].as_slice(),
+            &[0, u64::MAX],
+            &[1, 1 << 32, 1 << 32],
+            &[0, 1 << 32, 1 << 32],
+        ] {
+            let l = Value::Array(vec![
+                Value::Nil,
+                ndarray("<f4", shape, Value::Ext(EXT_RAW_VIEW, vec![])),
+                Value::Nil,
+                Value::Nil,
+            ]);
+            let msg = enc(&outputs_msg(vec![with_logprobs(l)], Value::Nil));
+            assert_eq!(logprobs_of(&[msg]), None, "{shape:?}");
+        }
+    }
+
+    /// vLLM puts arrays of 256 bytes or more (VLLM_MSGPACK_ZERO_COPY_THRESHOLD) in aux frames.
+    /// The index is into the whole list of frames (vllm/v1/serial_utils.py: `encode` returns
+    /// `bufs = [main, *aux]` and `_encode_ndarray` stores `data = len(self.aux_buffers)`;
+    /// `_decode_ndarray` reads `self.aux_buffers[data]` with `aux_buffers = bufs`): the first
+    /// aux frame is index 1, i.e. `frames[1]`.
+    fn logprobs_in_aux_frames() -> Vec<Vec<u8>> {
+        let rows = 40u64;
+        let cols = 3u64;
+        let ids: Vec<u8> = (0..rows * cols)
+            .flat_map(|v| (v as i32).to_le_bytes())
+            .collect();
+        let logprobs: Vec<f32> = (0..rows * cols).map(|v| -(v as f32)).collect();
+        let ranks: Vec<u8> = (0..rows).flat_map(|v| (v as i32).to_le_bytes()).collect();
+        let lists = Value::Array(vec![
+            ndarray("<i4", &[rows, cols], Value::from(1)),
+            ndarray("<f4", &[rows, cols], Value::from(2)),
+            ndarray("<i4", &[rows], Value::from(3)),
+            Value::Nil,
+        ]);
+        let msg = enc(&outputs_msg(vec![with_logprobs(lists)], Value::Nil));
+        vec![msg, ids, f32_bytes(&logprobs), ranks]
+    }
+
+    #[test]
+    #[ignore = "bug: aux frame index is off by one (index i is frames[i], not frames[1 + i])"]
+    fn logprobs_aux_frame_index_is_into_all_frames() {
+        let expected: Vec<f32> = (0..40).map(|row| -((row * 3) as f32)).collect();
+        assert_eq!(logprobs_of(&logprobs_in_aux_frames()), Some(expected));
+    }
+
+    #[test]
+    fn logprobs_aux_frame_with_one_column() {
+        // One column, 64 tokens (256 bytes): whatever the indexing, column 0 is the frame.
+        let values: Vec<f32> = (0..64).map(|v| -(v as f32) / 8.0).collect();
+        let lists = Value::Array(vec![
+            Value::Nil,
+            ndarray("<f4", &[64, 1], Value::from(1)),
+            Value::Nil,
+            Value::Nil,
+        ]);
+        let msg = enc(&outputs_msg(vec![with_logprobs(lists)], Value::Nil));
+        let frames = [msg, f32_bytes(&values), f32_bytes(&values)];
+        assert_eq!(logprobs_of(&frames), Some(values));
+    }
+
+    #[test]
+    fn outputs_that_are_not_engine_outputs() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        assert_eq!(decoder.outputs(&[]), None);
+        assert_eq!(decoder.outputs(&[vec![]]), None);
+        // Empty array, map, nil, str, int, array32, a type byte.
+        for first in [
+            vec![0x90],
+            enc(&map(vec![("a", Value::from(1))])),
+            vec![0xc0],
+            enc(&s("hello")),
+            vec![0x07],
+            vec![0xdd, 0, 0, 0, 1, 0xc0],
+            vec![0x00],
+        ] {
+            assert_eq!(decoder.outputs(&[first.clone()]), None, "{first:02x?}");
+        }
+    }
+
+    #[test]
+    fn truncated_msgpack_is_an_error() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let add = enc(&request_v14(greedy8()));
+        for len in 0..add.len() {
+            let result = decoder.input(&[vec![0x00], add[..len].to_vec()]);
+            assert!(
+                matches!(result, Some(Err(VllmError::Msgpack(_)))),
+                "ADD cut at {len}: {result:?}"
+            );
+        }
+        let out = enc(&outputs_msg(
+            vec![with_logprobs(logprobs_inline())],
+            scheduler_stats_v14(),
+        ));
+        for len in 1..out.len() {
+            let result = decoder.outputs(&[out[..len].to_vec()]);
+            assert!(
+                matches!(result, Some(Err(VllmError::Msgpack(_)))),
+                "outputs cut at {len}: {result:?}"
+            );
+        }
+        assert_eq!(decoder.layout_switches, 0);
+    }
+
+    #[test]
+    fn trailing_bytes_are_an_error() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let mut add = enc(&request_v14(greedy8()));
+        add.push(0xc0);
+        assert_eq!(
+            decoder.input(&[vec![0x00], add]),
+            Some(Err(VllmError::Msgpack("1 bytes after the value".into())))
+        );
+        let mut abort = enc(&Value::Array(vec![s("a")]));
+        abort.extend([0x90, 0x90]);
+        assert_eq!(
+            decoder.input(&[vec![0x01], abort]),
+            Some(Err(VllmError::Msgpack("2 bytes after the value".into())))
+        );
+        let mut out = enc(&outputs_msg(vec![], Value::Nil));
+        out.push(0x00);
+        assert!(matches!(
+            decoder.outputs(&[out]),
+            Some(Err(VllmError::Msgpack(_)))
+        ));
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        let mut deep = vec![0x91; 10_000];
+        deep.push(0xc0);
+        let mut maps = [0x81, 0xc0].repeat(10_000);
+        maps.push(0xc0);
+        let mut decoder = VllmDecoder::new(v0_14());
+        for body in [&deep, &maps] {
+            assert!(matches!(
+                decoder.input(&[vec![0x00], body.clone()]),
+                Some(Err(VllmError::Msgpack(_)))
+            ));
+            assert!(matches!(
+                decoder.input(&[vec![0x01], body.clone()]),
+                Some(Err(VllmError::Msgpack(_)))
+            ));
+        }
+        assert!(matches!(
+            decoder.outputs(&[deep]),
+            Some(Err(VllmError::Msgpack(_)))
+        ));
+        // Nesting at the limit's edge inside a real field still decodes: the stop string of an
+        // output is 5 levels down.
+        let ok = enc(&outputs_msg(vec![output_v14("r", Value::Nil, Value::Nil)], Value::Nil));
+        assert!(matches!(decoder.outputs(&[ok]), Some(Ok(_))));
+    }
+
+    #[test]
+    fn huge_declared_lengths_fail_fast() {
+        let start = Instant::now();
+        let mut decoder = VllmDecoder::new(v0_14());
+        let bodies: [&[u8]; 6] = [
+            &[0xdd, 0xff, 0xff, 0xff, 0xff],
+            &[0xdf, 0xff, 0xff, 0xff, 0xff],
+            &[0xdb, 0xff, 0xff, 0xff, 0xff, b'a'],
+            &[0xc6, 0xff, 0xff, 0xff, 0xff],
+            &[0xc9, 0xff, 0xff, 0xff, 0xff, 0x03],
+            // An array of 22 whose request id claims 4 GiB.
+            &[0xdc, 0x00, 0x16, 0xdb, 0xff, 0xff, 0xff, 0xff],
+        ];
+        for body in bodies {
+            for kind in [0x00, 0x01] {
+                assert!(
+                    matches!(
+                        decoder.input(&[vec![kind], body.to_vec()]),
+                        Some(Err(VllmError::Msgpack(_)))
+                    ),
+                    "{body:02x?}"
+                );
+            }
+        }
+        assert!(matches!(
+            decoder.outputs(&[vec![0xdc, 0xff, 0xff]]),
+            Some(Err(VllmError::Msgpack(_)))
+        ));
+        assert!(matches!(
+            decoder.outputs(&[vec![0x94, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff]]),
+            Some(Err(VllmError::Msgpack(_)))
+        ));
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    }
+
+    #[test]
+    fn wrong_types_in_request_fields() {
+        let good = request_v14(greedy8());
+        let cases = [
+            (0, Value::from(1), "request_id is not a string"),
+            (0, Value::Nil, "no request_id"),
+            (1, s("1 2 3"), "prompt_token_ids is not a list"),
+            (3, Value::Array(vec![]), "sampling_params is not a map"),
+            (5, Value::from(1_760_000_000u64), "arrival_time is not a float"),
+            (5, s("now"), "arrival_time is not a float"),
+            (5, Value::Nil, "no arrival_time"),
+            (8, s("0"), "data_parallel_rank is not an int"),
+            (8, Value::F64(0.0), "data_parallel_rank is not an int"),
+            (14, Value::Array(vec![]), "trace_headers is not a map"),
+            (16, Value::from(7), "external_req_id is not a string"),
+        ];
+        for (i, bad, error) in cases {
+            let mut decoder = VllmDecoder::new(v0_14());
+            assert_eq!(
+                decode_add(&mut decoder, &with_field(&good, i, bad.clone())),
+                Err(VllmError::Layout(error)),
+                "field {i} = {bad}"
+            );
+            assert_eq!(decoder.layout_switches, 0);
+            assert_eq!(decoder.schema(), v0_14());
+        }
+        // Not an array at all.
+        let mut decoder = VllmDecoder::new(v0_14());
+        assert_eq!(
+            decode_add(&mut decoder, &greedy8()),
+            Err(VllmError::Layout("EngineCoreRequest is not an array"))
+        );
+        assert_eq!(
+            decode_add(&mut decoder, &Value::Array(vec![])),
+            Err(VllmError::Layout("no request_id"))
+        );
+        // The 0.11 layout's own checks, on a 0.11 decoder: arrival_time at 6.
+        let mut decoder = VllmDecoder::new(v0_11());
+        assert_eq!(
+            decode_add(&mut decoder, &with_field(&request_v11(Value::from(2)), 6, s("x"))),
+            Err(VllmError::Layout("arrival_time is not a float"))
+        );
+        assert_eq!(
+            decode_add(&mut decoder, &with_field(&request_v11(Value::from(2)), 9, s("x"))),
+            Err(VllmError::Layout("data_parallel_rank is not an int"))
+        );
+        assert_eq!(decoder.layout_switches, 0);
+    }
+
+    #[test]
+    fn wrong_types_in_output_fields() {
+        let good_output = output_v14("r", Value::from(0), prefill_stats());
+        let output_cases = [
+            (0, Value::from(1), "output request_id is not a string"),
+            (0, Value::Nil, "output without request_id"),
+            (1, s("42"), "new_token_ids is not a list of ints"),
+            (
+                1,
+                Value::Array(vec![Value::from(1), s("2")]),
+                "new_token_ids is not a list of ints",
+            ),
+            (
+                1,
+                Value::Array(vec![Value::from(-1)]),
+                "new_token_ids is not a list of ints",
+            ),
+            (5, s("stop"), "finish_reason is not an int"),
+            (5, Value::from(-1), "finish_reason is not an int"),
+            (7, map(vec![]), "events is not a list"),
+            (7, Value::Array(vec![s("e")]), "event is neither a map nor a pair"),
+            (
+                7,
+                Value::Array(vec![map(vec![("timestamp", Value::F64(1.0))])]),
+                "event type is not an int",
+            ),
+            (
+                7,
+                Value::Array(vec![map(vec![("type", Value::from(1))])]),
+                "event timestamp is not a float",
+            ),
+            (
+                7,
+                Value::Array(vec![map(vec![
+                    ("type", Value::from(1)),
+                    ("timestamp", Value::from(1)),
+                ])]),
+                "event timestamp is not a float",
+            ),
+            (
+                7,
+                Value::Array(vec![Value::Array(vec![Value::from(1)])]),
+                "event timestamp is not a float",
+            ),
+            (8, Value::Array(vec![]), "kv_transfer_params is not a map"),
+        ];
+        for (i, bad, error) in output_cases {
+            let mut decoder = VllmDecoder::new(v0_14());
+            let msg = outputs_msg(vec![with_field(&good_output, i, bad.clone())], Value::Nil);
+            assert_eq!(
+                decode_outputs(&mut decoder, &[enc(&msg)]),
+                Err(VllmError::Layout(error)),
+                "output field {i} = {bad}"
+            );
+            assert_eq!(decoder.layout_switches, 0);
+        }
+        let good = outputs_msg(vec![good_output.clone()], scheduler_stats_v14());
+        let cases = [
+            (0, s("0"), "engine_index is not an int"),
+            (1, map(vec![]), "outputs is not a list"),
+            (1, Value::Array(vec![s("r")]), "EngineCoreOutput is not an array"),
+            (2, Value::Array(vec![]), "scheduler_stats is not a map"),
+            (3, Value::from(200), "timestamp is not a float"),
+        ];
+        for (i, bad, error) in cases {
+            let mut decoder = VllmDecoder::new(v0_14());
+            assert_eq!(
+                decode_outputs(&mut decoder, &[enc(&with_field(&good, i, bad.clone()))]),
+                Err(VllmError::Layout(error)),
+                "field {i} = {bad}"
+            );
+            assert_eq!(decoder.layout_switches, 0);
+        }
+        let mut fields = good.as_array().expect("array").clone();
+        fields.extend([Value::Nil, s("r")]);
+        assert_eq!(
+            decode_outputs(&mut VllmDecoder::new(v0_14()), &[enc(&Value::Array(fields))]),
+            Err(VllmError::Layout("finished_requests is not a list"))
+        );
+        // The table-specific fields: a prefill_stats that is not a map does not fit 0.14 but
+        // fits 0.11 (which does not look at 11), so the decoder moves to 0.11.
+        let mut decoder = VllmDecoder::new(v0_14());
+        let msg = outputs_msg(vec![with_field(&good_output, 11, Value::from(3))], Value::Nil);
+        let out = decode_outputs(&mut decoder, &[enc(&msg)]).expect("fits 0.11");
+        assert_eq!(decoder.layout_switches, 1);
+        assert_eq!(out.outputs[0].prefill, None);
+        // ... and neither table fits when 10 is not an int either: the current table's error.
+        let mut decoder = VllmDecoder::new(v0_14());
+        let o = with_field(&with_field(&good_output, 11, Value::from(3)), 10, s("x"));
+        assert_eq!(
+            decode_outputs(&mut decoder, &[enc(&outputs_msg(vec![o], Value::Nil))]),
+            Err(VllmError::Layout("prefill_stats is not a map"))
+        );
+        assert_eq!(decoder.layout_switches, 0);
+    }
+
+    #[test]
+    fn display_of_errors() {
+        assert_eq!(
+            VllmError::Layout("no request_id").to_string(),
+            "unexpected layout: no request_id"
+        );
+        assert!(VllmError::Msgpack("x".into()).to_string().starts_with("not msgpack"));
+    }
+
+    fn from_hex(hex: &str) -> Vec<u8> {
+        assert_eq!(hex.len() % 2, 0);
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect()
+    }
+
+    /// The smallest ADD in tests/fixtures/vllm-0.32.0-tiny.rec (frames[1] of an outgoing
+    /// `[0x00, EngineCoreRequest]` message from the API server of the real vLLM 0.32.0 CPU
+    /// engine).
+    const REAL_ADD_0_32: &str = "";
+
+    #[test]
+    fn real_add_from_vllm_0_32() {
+        let mut decoder = VllmDecoder::new(schema_for_version("0.32.0+cpu").0);
+        let body = from_hex(REAL_ADD_0_32);
+        let request = match decoder.input(&[vec![0x00], body]) {
+            Some(Ok(InputMessage::Add(request))) => request,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(decoder.layout_switches, 0);
+        let _ = request;
+    }
+}

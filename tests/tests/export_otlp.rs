@@ -1,0 +1,208 @@
+//! OTLP export end to end: `infertrace replay` of the real-vLLM workload fixture sends its spans
+//! and metrics to a real OTLP receiver (the opentelemetry-proto Python bindings, over gRPC and
+//! over HTTP/protobuf); what the receiver got must be what the JSONL output holds.
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    net::TcpListener,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use infertrace_tests::{fixture, infertrace_bin, python};
+use serde_json::Value;
+
+struct Receiver {
+    child: Child,
+    http: u16,
+    grpc: u16,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn receiver(out: &Path) -> Receiver {
+    let (http, grpc) = (free_port(), free_port());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../xtask/scripts/engines/vllm/otlp_receiver.py");
+    let mut child = Command::new(python())
+        .arg(script)
+        .arg(out)
+        .arg(http.to_string())
+        .arg(grpc.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting otlp_receiver.py (needs grpcio and opentelemetry-proto)");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("receiver banner");
+    assert!(line.starts_with("OTLP receiver"), "receiver said {line:?}");
+    Receiver { child, http, grpc }
+}
+
+fn json_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect()
+}
+
+/// Per span name, the sorted multiset of (attribute keys, duration): what must survive export.
+fn span_shapes(
+    spans: impl Iterator<Item = (String, Vec<String>, u64)>,
+) -> BTreeMap<String, Vec<(Vec<String>, u64)>> {
+    let mut shapes: BTreeMap<String, Vec<(Vec<String>, u64)>> = BTreeMap::new();
+    for (name, mut keys, duration) in spans {
+        keys.sort();
+        shapes.entry(name).or_default().push((keys, duration));
+    }
+    for v in shapes.values_mut() {
+        v.sort();
+    }
+    shapes
+}
+
+fn num(v: &Value) -> u64 {
+    v.as_u64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn export_and_compare(protocol: &str) {
+    let dir = std::env::temp_dir()
+        .join(format!("infertrace-otlp-{protocol}-{}", std::process::id()).replace('/', "_"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let received = dir.join("received.jsonl");
+    let ours = dir.join("ours.jsonl");
+    let r = receiver(&received);
+    let port = if protocol == "grpc" { r.grpc } else { r.http };
+    let out = Command::new(infertrace_bin())
+        .args(["replay"])
+        .arg(fixture("vllm-0.32.0-workload.rec"))
+        .args(["--granularity", "2", "--output"])
+        .arg(format!("jsonl:{}", ours.display()))
+        .args(["--otlp-protocol", protocol, "--otlp-endpoint"])
+        .arg(format!("http://127.0.0.1:{port}"))
+        .output()
+        .expect("running infertrace replay");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ours = json_lines(&ours);
+    let our_spans: Vec<&Value> = ours.iter().filter(|v| v["type"] == "span").collect();
+    // The receiver writes as requests arrive; the replay waited for its exports to finish.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        let got = json_lines(&received);
+        let spans = got.iter().filter(|v| v.get("_signal").is_none()).count();
+        if spans >= our_spans.len() || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let their_spans: Vec<&Value> = got.iter().filter(|v| v.get("_signal").is_none()).collect();
+    assert_eq!(
+        their_spans.len(),
+        our_spans.len(),
+        "spans received over {protocol}"
+    );
+    assert!(
+        their_spans
+            .iter()
+            .all(|s| s["kind"] == "SPAN_KIND_INTERNAL")
+    );
+    assert!(
+        their_spans
+            .iter()
+            .all(|s| s["_resource"]["service.name"]["stringValue"] == "vllm")
+    );
+    let theirs = span_shapes(their_spans.iter().map(|s| {
+        let keys = s["attributes"]
+            .as_object()
+            .map(|a| a.keys().cloned().collect())
+            .unwrap_or_default();
+        let duration = num(&s["endTimeUnixNano"]) - num(&s["startTimeUnixNano"]);
+        (
+            s["name"].as_str().unwrap_or_default().to_owned(),
+            keys,
+            duration,
+        )
+    }));
+    let mine = span_shapes(our_spans.iter().map(|s| {
+        let keys = s["attributes"]
+            .as_object()
+            .map(|a| a.keys().cloned().collect())
+            .unwrap_or_default();
+        let duration = num(&s["end_time_unix_nano"]) - num(&s["start_time_unix_nano"]);
+        (
+            s["name"].as_str().unwrap_or_default().to_owned(),
+            keys,
+            duration,
+        )
+    }));
+    assert_eq!(
+        theirs, mine,
+        "spans over {protocol} differ from the JSONL output"
+    );
+    let events = |spans: &[&Value], key: &str| -> usize {
+        spans
+            .iter()
+            .map(|s| s[key].as_array().map_or(0, Vec::len))
+            .sum()
+    };
+    assert_eq!(events(&their_spans, "events"), events(&our_spans, "events"));
+    assert!(
+        events(&our_spans, "events") > 0,
+        "granularity 2 has iteration events"
+    );
+
+    // Metrics: the last value of each series equals the last JSONL snapshot.
+    let snapshot = ours
+        .iter()
+        .rev()
+        .find(|v| v["type"] == "metrics")
+        .expect("a snapshot");
+    let mut last: BTreeMap<String, f64> = BTreeMap::new();
+    for m in got.iter().filter(|v| v["_signal"] == "metric") {
+        let key = format!("{} {}", m["name"].as_str().unwrap(), m["attributes"]);
+        last.insert(key, m["value"].as_f64().unwrap());
+    }
+    let samples = snapshot["samples"].as_array().unwrap();
+    assert!(!samples.is_empty());
+    for s in samples {
+        let key = format!("{} {}", s["name"].as_str().unwrap(), s["dimensions"]);
+        assert_eq!(
+            last.get(&key),
+            s["value"].as_f64().as_ref(),
+            "{key} over {protocol}"
+        );
+    }
+    drop(r);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn spans_and_metrics_over_grpc() {
+    export_and_compare("grpc");
+}
+
+#[test]
+fn spans_and_metrics_over_http_protobuf() {
+    export_and_compare("http/protobuf");
+}
