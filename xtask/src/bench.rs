@@ -265,7 +265,7 @@ fn fmt(values: &[f64]) -> String {
 }
 
 /// The number just before `suffix` in `text` ("decoded 12 messages" -> 12).
-fn number_before(text: &str, suffix: &str) -> Option<f64> {
+pub fn number_before(text: &str, suffix: &str) -> Option<f64> {
     let end = text.find(suffix)?;
     text[..end].rsplit([' ', '(']).next()?.parse().ok()
 }

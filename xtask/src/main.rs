@@ -8,7 +8,9 @@
 //! - `demo`: the main job, on the real vLLM.
 //! - `engine vllm start|stop|status`: the real vLLM with a tiny model, by hand.
 //! - `bench-capture`: the capture benchmark of BENCHMARKS.md.
+//! - `bench-vllm`: the agent's overhead on the real vLLM (`vllm bench serve`), BENCHMARKS.md.
 mod bench;
+mod bench_vllm;
 mod demo;
 mod ebpf;
 mod engine;
@@ -54,6 +56,15 @@ enum Task {
     },
     /// Capture benchmark: added cost per syscall, pipeline throughput, overload (needs root).
     BenchCapture,
+    /// Overhead on the real vLLM: `vllm bench serve` with and without the agent (needs root).
+    BenchVllm {
+        /// Alternating runs per configuration.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Prompts per run.
+        #[arg(long, default_value_t = 64)]
+        num_prompts: u32,
+    },
     /// The process traced by bench-capture (internal).
     #[command(hide = true)]
     BenchLoad { count: u64, size: usize },
@@ -104,6 +115,9 @@ fn main() -> anyhow::Result<()> {
         Task::CheckEbpf => ebpf::check(),
         Task::Test { skip_fuzz } => test::test(skip_fuzz),
         Task::BenchCapture => bench::bench_capture(),
+        Task::BenchVllm { runs, num_prompts } => {
+            bench_vllm::bench_vllm(&bench_vllm::BenchVllmOptions { runs, num_prompts })
+        }
         Task::BenchLoad { count, size } => bench::bench_load(count, size),
         Task::Demo { port, keep_engine } => demo::demo(&demo::DemoOptions { port, keep_engine }),
         Task::Engine {
