@@ -334,7 +334,7 @@ pub fn compare(
             .filter(|s| s["name"] == name)
             .filter(|s| label.is_none_or(|(k, v)| s["dimensions"][k] == v))
             .filter_map(|s| s["value"].as_f64())
-            .sum()
+            .fold(0.0, |a, b| a + b)
     };
     let delta = |name: &str, labels: &[&str]| {
         prom(metrics_after, name, labels) - prom(metrics_before, name, labels)
