@@ -15,6 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use infertrace::engines::join::ids_match;
 use infertrace_tests::{infertrace_bin, python, vllm_truth};
 
 const PORT: u16 = 18471;
@@ -92,58 +93,33 @@ impl Drop for Cleanup {
     }
 }
 
-#[test]
-fn vllm_spans_and_metrics_match_vllms_own_tracing() {
-    let dir = std::env::temp_dir().join(format!("infertrace-e2e-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (otlp_http, otlp_grpc) = (free_port(), free_port());
-    let truth = dir.join("vllm.otlp.jsonl");
-    let ours = dir.join("ours.jsonl");
-    let client = dir.join("client.json");
-    let mut cleanup = Cleanup {
-        children: Vec::new(),
-        engine: false,
-    };
+fn script(name: &str) -> PathBuf {
+    repo().join("xtask/scripts/engines/vllm").join(name)
+}
 
-    // vLLM, with settings that queue (4 seqs), chunk prefills (256 tokens) and preempt (18 KV
-    // blocks of 128 tokens), fresh so that nothing is cached from an earlier run.
+/// A fresh vLLM on `PORT` (stopped first, so that nothing is cached from an earlier run);
+/// returns the API server's pid.
+fn fresh_vllm(cleanup: &mut Cleanup, serve_args: &[&str], envs: &[(&str, &str)]) -> String {
     xtask_engine(&["stop", "--port", &PORT.to_string()], &[]);
     cleanup.engine = true;
-    let script = |name: &str| repo().join("xtask/scripts/engines/vllm").join(name);
-    let receiver = Command::new(python())
-        .arg(script("otlp_receiver.py"))
-        .arg(&truth)
-        .args([otlp_http.to_string(), otlp_grpc.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting the OTLP receiver");
-    cleanup.children.push(receiver);
-    xtask_engine(
-        &[
-            "start",
-            "--port",
-            &PORT.to_string(),
-            "--",
-            "--max-num-seqs",
-            "4",
-            "--max-num-batched-tokens",
-            "256",
-            "--otlp-traces-endpoint",
-            &format!("http://127.0.0.1:{otlp_grpc}"),
-        ],
-        &[("KV_BLOCKS", "18")],
-    );
-    let api_pid = std::fs::read_to_string(vllm_home().join(format!("logs/vllm-{PORT}.pid")))
+    let port = PORT.to_string();
+    let mut args = vec!["start", "--port", &port, "--"];
+    args.extend_from_slice(serve_args);
+    xtask_engine(&args, envs);
+    std::fs::read_to_string(vllm_home().join(format!("logs/vllm-{PORT}.pid")))
         .expect("vLLM pid file")
         .trim()
-        .to_owned();
+        .to_owned()
+}
 
-    let prom_port = free_port();
+/// `infertrace attach` writing JSONL to `ours` and serving Prometheus on `prom_port`; returns
+/// once it is attached.
+fn attach(api_pid: &str, ours: &Path, prom_port: u16) -> Child {
     let agent = Command::new(infertrace_bin())
         .args([
             "attach",
             "--pid",
-            &api_pid,
+            api_pid,
             "--metrics-interval",
             "1",
             "--output",
@@ -154,7 +130,6 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting infertrace attach");
-    cleanup.children.push(agent);
     // Attached once the Prometheus endpoint answers (it starts after the programs are loaded).
     let deadline = Instant::now() + Duration::from_secs(60);
     while TcpStream::connect(("127.0.0.1", prom_port)).is_err() {
@@ -165,23 +140,88 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_secs(1));
+    agent
+}
 
-    let before = get(PORT, "/metrics");
-    let workload = Command::new("python3")
+/// SIGTERM (which flushes everything); returns the agent's stderr.
+fn stop(mut agent: Child) -> String {
+    let term = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status();
+    assert!(term.is_ok_and(|s| s.success()), "kill -TERM infertrace");
+    let mut stderr = String::new();
+    agent
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(agent.wait().unwrap().success(), "{stderr}");
+    stderr
+}
+
+fn workload(client: &Path, extra: &[&str]) {
+    let status = Command::new("python3")
         .arg(script("workload.py"))
         .args([
             "--base",
             &format!("http://127.0.0.1:{PORT}"),
             "--model",
             "tiny",
-            "--seed",
-            "0",
         ])
+        .args(["--seed", "0"])
+        .args(extra)
         .arg("--out")
-        .arg(&client)
+        .arg(client)
         .status()
         .expect("running workload.py");
-    assert!(workload.success(), "workload.py failed");
+    assert!(status.success(), "workload.py failed");
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("infertrace-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn vllm_spans_and_metrics_match_vllms_own_tracing() {
+    let dir = temp_dir("e2e");
+    let (otlp_http, otlp_grpc) = (free_port(), free_port());
+    let truth = dir.join("vllm.otlp.jsonl");
+    let ours = dir.join("ours.jsonl");
+    let client = dir.join("client.json");
+    let mut cleanup = Cleanup {
+        children: Vec::new(),
+        engine: false,
+    };
+    let receiver = Command::new(python())
+        .arg(script("otlp_receiver.py"))
+        .arg(&truth)
+        .args([otlp_http.to_string(), otlp_grpc.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting the OTLP receiver");
+    cleanup.children.push(receiver);
+    // Settings that queue (4 seqs), chunk prefills (256 tokens) and preempt (18 KV blocks of
+    // 128 tokens).
+    let otlp = format!("http://127.0.0.1:{otlp_grpc}");
+    let api_pid = fresh_vllm(
+        &mut cleanup,
+        &[
+            "--max-num-seqs",
+            "4",
+            "--max-num-batched-tokens",
+            "256",
+            "--otlp-traces-endpoint",
+            &otlp,
+        ],
+        &[("KV_BLOCKS", "18")],
+    );
+    let prom_port = free_port();
+    let agent = attach(&api_pid, &ours, prom_port);
+    let before = get(PORT, "/metrics");
+    workload(&client, &[]);
     std::thread::sleep(Duration::from_secs(3));
     let after = get(PORT, "/metrics");
     let scraped = get(prom_port, "/metrics");
@@ -195,21 +235,8 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
             "{scraped}"
         );
     }
-
-    // Stop the agent (SIGTERM flushes everything) and give vLLM time to export its spans.
-    let mut agent = cleanup.children.pop().expect("agent");
-    let term = Command::new("kill")
-        .args(["-TERM", &agent.id().to_string()])
-        .status();
-    assert!(term.is_ok_and(|s| s.success()), "kill -TERM infertrace");
-    let mut stderr = String::new();
-    agent
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    assert!(agent.wait().unwrap().success(), "{stderr}");
+    let stderr = stop(agent);
+    // Give vLLM time to export its last spans (batch processor, 5 s).
     std::thread::sleep(Duration::from_secs(6));
 
     let report = vllm_truth::compare(&ours, &truth, &client, &before, &after);
@@ -224,6 +251,86 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
         report.failures,
         report.text
     );
+    drop(cleanup);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `--disable-log-stats` vLLM sends no QUEUED/SCHEDULED events and no scheduler stats:
+/// every `llm_request` says so (`infertrace.engine_events=false`), leaves out queue, prefill and
+/// inference, and still carries what was measured (tokens, decode from the engine's step
+/// times, time to first token and e2e from the capture).
+#[test]
+fn vllm_without_log_stats_marks_what_it_could_not_measure() {
+    let dir = temp_dir("e2e-nostats");
+    let ours = dir.join("ours.jsonl");
+    let client = dir.join("client.json");
+    let mut cleanup = Cleanup {
+        children: Vec::new(),
+        engine: false,
+    };
+    let api_pid = fresh_vllm(&mut cleanup, &["--disable-log-stats"], &[]);
+    let agent = attach(&api_pid, &ours, free_port());
+    workload(&client, &["--quick"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let stderr = stop(agent);
+    let spans: Vec<serde_json::Value> = std::fs::read_to_string(&ours)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["name"] == "llm_request")
+        .collect();
+    assert!(
+        spans.len() >= 10,
+        "{} llm_request spans\n{stderr}",
+        spans.len()
+    );
+    for s in &spans {
+        let a = &s["attributes"];
+        assert_eq!(a["infertrace.engine_events"], false, "{s}");
+        for absent in [
+            "gen_ai.latency.time_in_queue",
+            "gen_ai.latency.time_in_model_prefill",
+            "gen_ai.latency.time_in_model_inference",
+        ] {
+            assert!(a.get(absent).is_none(), "{absent} in {s}");
+        }
+        if a["infertrace.finish_reason"] != "abort" {
+            for present in [
+                "gen_ai.latency.time_to_first_token",
+                "gen_ai.latency.e2e",
+                "gen_ai.latency.time_in_model_decode",
+                "gen_ai.usage.prompt_tokens",
+            ] {
+                assert!(a.get(present).is_some(), "{present} missing in {s}");
+            }
+        }
+    }
+    // Token counts still equal what the client was told, request by request.
+    let client: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&client).unwrap()).unwrap();
+    let mut checked = 0;
+    for r in client["requests"].as_array().unwrap() {
+        let (Some(told), Some(ids)) = (
+            r["usage"]["completion_tokens"].as_u64(),
+            r["ids"].as_array(),
+        ) else {
+            continue;
+        };
+        let ours: u64 = spans
+            .iter()
+            .filter(|s| {
+                let id = s["attributes"]["gen_ai.request.id"]
+                    .as_str()
+                    .unwrap_or_default();
+                ids.iter()
+                    .any(|c| ids_match(c.as_str().unwrap_or_default(), id))
+            })
+            .filter_map(|s| s["attributes"]["gen_ai.usage.completion_tokens"].as_u64())
+            .sum();
+        assert_eq!(ours, told, "completion tokens of {r}");
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} requests had usage");
     drop(cleanup);
     let _ = std::fs::remove_dir_all(&dir);
 }
