@@ -465,8 +465,1056 @@ impl VllmTracker {
 }
 
 fn trace(outcome: Outcome<EngineTimeline>) -> RequestTrace {
+    let mut engine = outcome.engine;
+    // vLLM's frontend also sends ABORT for a request it finished itself: a stop string is
+    // matched during detokenization, in the API server, which then tells the engine to stop.
+    // Such a request's response is complete (a client that went away leaves it cut short or
+    // missing), and vLLM counts it as finished with reason stop.
+    if let Some(api) = &outcome.api
+        && api.complete
+        && api.call.status == Some(200)
+    {
+        for t in engine.iter_mut().filter(|t| t.aborted_by_frontend) {
+            t.aborted_by_frontend = false;
+            t.finish_reason = Some(FinishReason::Stop);
+        }
+    }
     RequestTrace {
         api: outcome.api,
-        engine: outcome.engine,
+        engine,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmpv::Value;
+
+    use super::*;
+    use crate::decode::{
+        http::{HttpExchange, HttpRequest, HttpResponse},
+        vllm::SCHEMAS,
+        zmtp::ZmtpMessage,
+    };
+    use crate::engines::join::GRACE_NS;
+
+    const MS: u64 = 1_000_000;
+    /// Capture time (CLOCK_MONOTONIC ns) around which the tests happen: 1000 s.
+    const T0: u64 = 1_000_000_000_000;
+    /// A ZeroMQ message's first byte is captured this long before its last.
+    const MSG_NS: u64 = 2_000;
+    /// Frontend wall clock at arrival, seconds.
+    const ARRIVAL: f64 = 1_760_000_000.25;
+
+    fn enc(value: &Value) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, value).expect("encode");
+        bytes
+    }
+
+    fn s(text: &str) -> Value {
+        Value::from(text)
+    }
+
+    fn map(entries: Vec<(&str, Value)>) -> Value {
+        Value::Map(entries.into_iter().map(|(k, v)| (s(k), v)).collect())
+    }
+
+    fn ids(tokens: &[u64]) -> Value {
+        Value::Array(tokens.iter().map(|&t| Value::from(t)).collect())
+    }
+
+    fn tracker() -> VllmTracker {
+        VllmTracker::new(VllmDecoder::new(SCHEMAS[1]))
+    }
+
+    /// A ZeroMQ message completed at `at` (its first byte [`MSG_NS`] earlier).
+    fn zmtp(outgoing: bool, at: u64, frames: Vec<Vec<u8>>) -> Decoded {
+        Decoded::Zmtp {
+            tgid: 7,
+            fd: 30,
+            outgoing,
+            message: ZmtpMessage {
+                first_ns: at - MSG_NS,
+                last_ns: at,
+                frames,
+            },
+        }
+    }
+
+    fn sampling(max_tokens: u64) -> Value {
+        map(vec![
+            ("temperature", Value::F64(0.0)),
+            ("max_tokens", Value::from(max_tokens)),
+        ])
+    }
+
+    /// ADD of vLLM 0.14+: an `EngineCoreRequest` of 22 fields.
+    fn add(at: u64, id: &str, external: Option<&str>, prompt: u64, sampling: Value) -> Decoded {
+        let mut f = vec![Value::Nil; 22];
+        f[0] = s(id);
+        f[1] = ids(&(0..prompt).map(|t| 100 + t).collect::<Vec<_>>());
+        f[3] = sampling;
+        f[5] = Value::F64(ARRIVAL);
+        f[11] = Value::from(0);
+        f[12] = Value::from(0);
+        f[13] = Value::from(0);
+        f[15] = Value::Boolean(false);
+        f[16] = external.map_or(Value::Nil, s);
+        zmtp(true, at, vec![vec![0x00], enc(&Value::Array(f))])
+    }
+
+    fn abort(at: u64, request_ids: &[&str]) -> Decoded {
+        let list = Value::Array(request_ids.iter().map(|id| s(id)).collect());
+        zmtp(true, at, vec![vec![0x01], enc(&list)])
+    }
+
+    /// An `EngineCoreOutput` (12 fields, the optional ones nil).
+    fn output(id: &str, tokens: &[u64]) -> Vec<Value> {
+        let mut f = vec![Value::Nil; 12];
+        f[0] = s(id);
+        f[1] = ids(tokens);
+        f
+    }
+
+    fn finishing(mut f: Vec<Value>, reason: u64) -> Vec<Value> {
+        f[5] = Value::from(reason);
+        f
+    }
+
+    /// Events as (type, timestamp): 1 QUEUED, 2 SCHEDULED, 3 PREEMPTED.
+    fn with_events(mut f: Vec<Value>, events: &[(u64, f64)]) -> Vec<Value> {
+        f[7] = Value::Array(
+            events
+                .iter()
+                .map(|&(kind, ts)| {
+                    map(vec![
+                        ("type", Value::from(kind)),
+                        ("timestamp", Value::F64(ts)),
+                    ])
+                })
+                .collect(),
+        );
+        f
+    }
+
+    fn with_prefill(mut f: Vec<Value>, prompt: u64, cached: u64) -> Vec<Value> {
+        f[11] = map(vec![
+            ("num_prompt_tokens", Value::from(prompt)),
+            ("num_cached_tokens", Value::from(cached)),
+        ]);
+        f
+    }
+
+    /// One `EngineCoreOutputs` received by the frontend at `at`.
+    fn step(
+        at: u64,
+        engine: u64,
+        ts: f64,
+        outputs: Vec<Vec<Value>>,
+        scheduler: Option<Value>,
+    ) -> Decoded {
+        let body = Value::Array(vec![
+            Value::from(engine),
+            Value::Array(outputs.into_iter().map(Value::Array).collect()),
+            scheduler.unwrap_or(Value::Nil),
+            Value::F64(ts),
+        ]);
+        zmtp(false, at, vec![enc(&body)])
+    }
+
+    fn scheduler(running: u64, waiting: u64, usage: f64) -> Value {
+        map(vec![
+            ("num_running_reqs", Value::from(running)),
+            ("num_waiting_reqs", Value::from(waiting)),
+            ("kv_cache_usage", Value::F64(usage)),
+            (
+                "prefix_cache_stats",
+                map(vec![
+                    ("reset", Value::Boolean(false)),
+                    ("requests", Value::from(1)),
+                    ("queries", Value::from(16)),
+                    ("hits", Value::from(8)),
+                ]),
+            ),
+        ])
+    }
+
+    /// An HTTP exchange: request body received by `req_at`, response (status, JSON body)
+    /// completed at `resp_at`; no response when the client went away.
+    fn http(
+        path: &str,
+        body: &str,
+        response: Option<(u16, &str)>,
+        req_at: u64,
+        resp_at: u64,
+    ) -> Decoded {
+        let json = || vec![("content-type".to_owned(), b"application/json".to_vec())];
+        Decoded::Http {
+            tgid: 7,
+            fd: 26,
+            exchange: Box::new(HttpExchange {
+                request: Some(HttpRequest {
+                    method: "POST".into(),
+                    path: path.into(),
+                    version: 1,
+                    headers: json(),
+                    body: body.as_bytes().to_vec(),
+                    first_ns: req_at - 1_000,
+                    last_ns: req_at,
+                    body_truncated: false,
+                }),
+                response: response.map(|(status, body)| HttpResponse {
+                    status,
+                    reason: "OK".into(),
+                    version: 1,
+                    headers: json(),
+                    body: body.as_bytes().to_vec(),
+                    first_ns: resp_at - 1_000,
+                    last_ns: resp_at,
+                    sse_events: Vec::new(),
+                    body_truncated: false,
+                    sse_truncated: false,
+                }),
+                complete: response.is_some(),
+            }),
+        }
+    }
+
+    const CHAT_BODY: &str =
+        r#"{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+
+    fn chat_response(id: &str, finish_reason: &str) -> String {
+        format!(
+            r#"{{"id":"{id}","model":"tiny","choices":[{{"index":0,"message":{{"role":"assistant","content":"abc"}},"finish_reason":"{finish_reason}"}}],"usage":{{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}}}"#
+        )
+    }
+
+    fn feed(t: &mut VllmTracker, messages: &[Decoded]) -> Vec<VllmEvent> {
+        let mut out = Vec::new();
+        for m in messages {
+            t.feed(m, &mut out);
+        }
+        out
+    }
+
+    fn step_reports(events: &[VllmEvent]) -> Vec<StepReport> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                VllmEvent::Step(s) => Some(s.clone()),
+                VllmEvent::Request(_) => None,
+            })
+            .collect()
+    }
+
+    fn traces(events: &[VllmEvent]) -> Vec<RequestTrace> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                VllmEvent::Request(r) => Some((**r).clone()),
+                VllmEvent::Step(_) => None,
+            })
+            .collect()
+    }
+
+    fn advance(t: &mut VllmTracker, now: u64) -> Vec<RequestTrace> {
+        let mut out = Vec::new();
+        t.advance(now, &mut out);
+        assert!(step_reports(&out).is_empty());
+        traces(&out)
+    }
+
+    fn finish(t: &mut VllmTracker) -> Vec<RequestTrace> {
+        let mut out = Vec::new();
+        t.finish(&mut out);
+        traces(&out)
+    }
+
+    fn kinds(t: &EngineTimeline) -> Vec<StepKind> {
+        t.steps.iter().map(|s| s.kind).collect()
+    }
+
+    #[test]
+    fn a_request_is_joined_to_its_call_after_the_grace_period() {
+        const ID: &str = "chatcmpl-X-abcdef12";
+        let mut t = tracker();
+        let response = chat_response("chatcmpl-X", "length");
+        let events = feed(
+            &mut t,
+            &[
+                add(T0, ID, Some("chatcmpl-X"), 5, sampling(4)),
+                step(
+                    T0 + 60 * MS,
+                    0,
+                    1000.050,
+                    vec![with_prefill(
+                        with_events(output(ID, &[11]), &[(1, 1000.001), (2, 1000.010)]),
+                        5,
+                        2,
+                    )],
+                    Some(scheduler(1, 0, 0.25)),
+                ),
+                step(T0 + 80 * MS, 0, 1000.070, vec![output(ID, &[12])], None),
+                step(
+                    T0 + 100 * MS,
+                    0,
+                    1000.090,
+                    vec![finishing(output(ID, &[13]), 1)],
+                    None,
+                ),
+                http(
+                    "/v1/chat/completions",
+                    CHAT_BODY,
+                    Some((200, &response)),
+                    T0 - 5 * MS,
+                    T0 + 105 * MS,
+                ),
+            ],
+        );
+        assert!(traces(&events).is_empty());
+        assert_eq!(step_reports(&events).len(), 3);
+        assert_eq!((t.stats.adds, t.stats.steps), (1, 3));
+
+        // Both sides wait GRACE_NS after the response's last byte.
+        let end = T0 + 105 * MS;
+        assert!(advance(&mut t, end + GRACE_NS - 1).is_empty());
+        let done = advance(&mut t, end + GRACE_NS);
+        assert_eq!(done.len(), 1);
+        let api = done[0].api.as_ref().expect("joined to its call");
+        assert_eq!(api.call.response_id.as_deref(), Some("chatcmpl-X"));
+        assert_eq!(api.call.status, Some(200));
+        let [e] = done[0].engine.as_slice() else {
+            panic!("one engine request: {:?}", done[0].engine);
+        };
+        assert_eq!(e.request_id, ID);
+        assert_eq!(e.external_id.as_deref(), Some("chatcmpl-X"));
+        assert_eq!(e.arrival_time, ARRIVAL);
+        assert_eq!(e.add_sent_ns, T0 - MSG_NS, "ADD: its first byte");
+        assert_eq!(e.queued, Some(1000.001));
+        assert_eq!(e.scheduled, Some(1000.010));
+        assert_eq!(e.first_token, Some(1000.050));
+        assert_eq!(e.last_token, Some(1000.090));
+        assert_eq!(e.completion_tokens, 3);
+        assert_eq!(e.prompt_tokens, Some(5));
+        assert_eq!(e.cached_tokens, Some(2));
+        assert_eq!(e.finish_reason, Some(FinishReason::Length));
+        // Outputs: the capture time of their last byte.
+        assert_eq!(e.first_output_ns, Some(T0 + 60 * MS));
+        assert_eq!(e.finished_ns, Some(T0 + 100 * MS));
+        assert_eq!(e.output_ns, [T0 + 60 * MS, T0 + 80 * MS, T0 + 100 * MS]);
+        assert_eq!(e.engine_index, Some(0));
+        assert_eq!(e.preemptions, 0);
+        assert!(!e.aborted_by_frontend);
+        assert!(e.has_engine_events());
+        assert_eq!(
+            kinds(e),
+            [
+                StepKind::Wait,
+                StepKind::Prefill,
+                StepKind::Decode,
+                StepKind::Decode
+            ]
+        );
+        assert_eq!(e.steps[1].token_ids, [11]);
+        assert_eq!(e.steps[1].timestamp, 1000.050);
+        assert_eq!(e.sampling.as_ref().and_then(|s| s.max_tokens), Some(4));
+        // Nothing left behind.
+        assert!(finish(&mut t).is_empty());
+        assert_eq!(t.stats.unfinished_at_end, 0);
+        assert_eq!(t.stats.requests_without_add, 0);
+    }
+
+    #[test]
+    fn step_reports_count_tokens_preemptions_and_iterations() {
+        const A: &str = "cmpl-A-0-aaaaaaaa";
+        const B: &str = "cmpl-B-0-bbbbbbbb";
+        let mut t = tracker();
+        let events = feed(
+            &mut t,
+            &[
+                add(T0, A, Some("cmpl-A-0"), 5, sampling(8)),
+                add(T0 + MS, B, Some("cmpl-B-0"), 3, sampling(8)),
+                step(
+                    T0 + 10 * MS,
+                    1,
+                    10.0,
+                    vec![with_prefill(
+                        with_events(output(A, &[1]), &[(1, 9.0), (2, 9.5)]),
+                        5,
+                        0,
+                    )],
+                    Some(scheduler(1, 1, 0.5)),
+                ),
+                step(
+                    T0 + 20 * MS,
+                    1,
+                    10.1,
+                    vec![
+                        output(A, &[2]),
+                        with_prefill(with_events(output(B, &[7, 8]), &[(1, 9.1)]), 3, 1),
+                    ],
+                    None,
+                ),
+                step(
+                    T0 + 30 * MS,
+                    1,
+                    10.2,
+                    vec![finishing(output(B, &[9]), 1)],
+                    None,
+                ),
+                // A step without outputs is not an iteration.
+                step(T0 + 40 * MS, 1, 10.3, vec![], Some(scheduler(0, 1, 0.1))),
+                // A was preempted and scheduled again: its prompt is not counted again.
+                step(
+                    T0 + 50 * MS,
+                    1,
+                    10.4,
+                    vec![finishing(
+                        with_events(output(A, &[3]), &[(3, 10.25), (2, 10.35)]),
+                        0,
+                    )],
+                    None,
+                ),
+            ],
+        );
+        let stats = |n_running, n_waiting, usage| {
+            Some(SchedulerStats {
+                num_running_reqs: n_running,
+                num_waiting_reqs: n_waiting,
+                kv_cache_usage: usage,
+                prefix_cache: Some(crate::decode::vllm::PrefixCacheStats {
+                    reset: false,
+                    requests: 1,
+                    queries: 16,
+                    hits: 8,
+                }),
+                step_counter: None,
+            })
+        };
+        let report =
+            |iteration, scheduler, prompt_tokens, generation_tokens, preemptions| StepReport {
+                iteration,
+                engine_index: 1,
+                scheduler,
+                prompt_tokens,
+                generation_tokens,
+                preemptions,
+            };
+        assert_eq!(
+            step_reports(&events),
+            [
+                report(true, stats(1, 1, 0.5), 5, 1, 0),
+                report(true, None, 3, 3, 0),
+                report(true, None, 0, 1, 0),
+                report(false, stats(0, 1, 0.1), 0, 0, 0),
+                report(true, None, 0, 1, 1),
+            ]
+        );
+        let done = finish(&mut t);
+        assert_eq!(done.len(), 2);
+        let a = done
+            .iter()
+            .flat_map(|d| &d.engine)
+            .find(|e| e.request_id == A)
+            .expect("A reported");
+        assert_eq!(a.preemptions, 1);
+        // vLLM keeps the first SCHEDULED.
+        assert_eq!(a.scheduled, Some(9.5));
+        assert_eq!(a.completion_tokens, 3);
+        assert_eq!(a.engine_index, Some(1));
+        assert_eq!(
+            kinds(a),
+            [
+                StepKind::Wait,
+                StepKind::Prefill,
+                StepKind::Decode,
+                StepKind::Preempted,
+                StepKind::Decode
+            ]
+        );
+        assert_eq!(a.steps[3].timestamp, 10.25);
+        let b = done
+            .iter()
+            .flat_map(|d| &d.engine)
+            .find(|e| e.request_id == B)
+            .expect("B reported");
+        assert_eq!(b.completion_tokens, 3);
+        assert_eq!(b.cached_tokens, Some(1));
+        assert_eq!(b.steps[1].token_ids, [7, 8]);
+        // QUEUED only (SCHEDULED missing): no engine events for the spans.
+        assert!(!b.has_engine_events());
+    }
+
+    #[test]
+    fn outputs_before_their_add_are_applied_when_it_comes() {
+        const O: &str = "cmpl-O-0-cccccccc";
+        const P: &str = "cmpl-P-0-dddddddd";
+        let mut t = tracker();
+        let early = feed(
+            &mut t,
+            &[
+                step(
+                    T0,
+                    0,
+                    5.0,
+                    vec![
+                        with_prefill(with_events(output(O, &[1]), &[(1, 4.0), (2, 4.5)]), 4, 0),
+                        with_prefill(output(P, &[5]), 6, 0),
+                    ],
+                    None,
+                ),
+                step(
+                    T0 + 20 * MS,
+                    0,
+                    5.1,
+                    vec![finishing(output(O, &[2]), 0)],
+                    None,
+                ),
+            ],
+        );
+        // Tokens count when they arrive, the prompt only with the ADD.
+        assert_eq!(
+            step_reports(&early)
+                .iter()
+                .map(|r| (r.iteration, r.prompt_tokens, r.generation_tokens))
+                .collect::<Vec<_>>(),
+            [(true, 0, 2), (true, 0, 1)]
+        );
+        // Still waiting just before a second has passed.
+        assert!(advance(&mut t, T0 + ORPHAN_WAIT_NS - 1).is_empty());
+        assert_eq!(t.stats.requests_without_add, 0);
+
+        // The ADDs, decoded late (sent before the outputs).
+        let late = feed(
+            &mut t,
+            &[
+                add(T0 - 40 * MS, O, Some("cmpl-O-0"), 4, sampling(2)),
+                add(T0 - 30 * MS, P, Some("cmpl-P-0"), 6, sampling(2)),
+            ],
+        );
+        let orphan_report = |prompt_tokens| StepReport {
+            iteration: false,
+            engine_index: 0,
+            scheduler: None,
+            prompt_tokens,
+            generation_tokens: 0,
+            preemptions: 0,
+        };
+        assert_eq!(step_reports(&late), [orphan_report(4), orphan_report(6)]);
+        // P goes on as a request in flight.
+        let rest = feed(
+            &mut t,
+            &[step(
+                T0 + ORPHAN_WAIT_NS,
+                0,
+                6.0,
+                vec![finishing(output(P, &[6]), 1)],
+                None,
+            )],
+        );
+        assert_eq!(step_reports(&rest)[0].generation_tokens, 1);
+        assert_eq!(step_reports(&rest)[0].prompt_tokens, 0);
+
+        let done = finish(&mut t);
+        assert_eq!(t.stats.requests_without_add, 0);
+        assert_eq!(t.stats.unfinished_at_end, 0);
+        let o = &done
+            .iter()
+            .find(|d| d.engine[0].request_id == O)
+            .expect("O")
+            .engine[0];
+        assert_eq!(o.add_sent_ns, T0 - 40 * MS - MSG_NS);
+        assert_eq!(o.queued, Some(4.0));
+        assert_eq!(o.scheduled, Some(4.5));
+        assert_eq!((o.first_token, o.last_token), (Some(5.0), Some(5.1)));
+        assert_eq!(o.first_output_ns, Some(T0));
+        assert_eq!(o.finished_ns, Some(T0 + 20 * MS));
+        assert_eq!(o.completion_tokens, 2);
+        assert_eq!(o.finish_reason, Some(FinishReason::Stop));
+        let p = &done
+            .iter()
+            .find(|d| d.engine[0].request_id == P)
+            .expect("P")
+            .engine[0];
+        assert_eq!(p.completion_tokens, 2);
+        assert_eq!(p.prompt_tokens, Some(6));
+        assert_eq!(p.finish_reason, Some(FinishReason::Length));
+        assert_eq!(kinds(p), [StepKind::Prefill, StepKind::Decode]);
+    }
+
+    #[test]
+    fn outputs_whose_add_never_comes_are_counted_after_a_second() {
+        let mut t = tracker();
+        let events = feed(
+            &mut t,
+            &[
+                step(T0, 0, 5.0, vec![output("ghost-1", &[1])], None),
+                step(T0 + 500 * MS, 0, 5.5, vec![output("ghost-2", &[1])], None),
+                step(T0 + 600 * MS, 0, 5.6, vec![output("ghost-1", &[2])], None),
+            ],
+        );
+        assert_eq!(
+            step_reports(&events)
+                .iter()
+                .map(|r| r.generation_tokens)
+                .sum::<u64>(),
+            3
+        );
+        assert!(advance(&mut t, T0 + ORPHAN_WAIT_NS - 1).is_empty());
+        assert_eq!(t.stats.requests_without_add, 0);
+        // Counted from its first output, not its latest.
+        assert!(advance(&mut t, T0 + ORPHAN_WAIT_NS).is_empty());
+        assert_eq!(t.stats.requests_without_add, 1);
+        assert!(advance(&mut t, T0 + 500 * MS + ORPHAN_WAIT_NS).is_empty());
+        assert_eq!(t.stats.requests_without_add, 2);
+        // An ADD that comes after all is a new request (no outputs applied).
+        let late = feed(
+            &mut t,
+            &[add(
+                T0 + 2 * ORPHAN_WAIT_NS,
+                "ghost-1",
+                None,
+                3,
+                sampling(4),
+            )],
+        );
+        assert!(late.is_empty());
+        assert!(finish(&mut t).is_empty());
+        assert_eq!(t.stats.unfinished_at_end, 1);
+        assert_eq!(t.stats.requests_without_add, 2);
+    }
+
+    #[test]
+    fn a_frontend_abort_ends_the_request() {
+        const A: &str = "chatcmpl-Z-abcdef12";
+        const B: &str = "cmpl-B-0-bbbbbbbb";
+        let mut t = tracker();
+        let events = feed(
+            &mut t,
+            &[
+                add(T0, A, Some("chatcmpl-Z"), 5, sampling(16)),
+                add(T0 + MS, B, Some("cmpl-B-0"), 3, sampling(16)),
+                step(
+                    T0 + 50 * MS,
+                    0,
+                    10.0,
+                    vec![
+                        with_events(output(A, &[1]), &[(1, 9.0), (2, 9.1)]),
+                        output(B, &[5]),
+                    ],
+                    None,
+                ),
+                abort(T0 + 70 * MS, &[A]),
+                // Outputs for A after its ABORT: vLLM drops them uncounted.
+                step(
+                    T0 + 80 * MS,
+                    0,
+                    10.1,
+                    vec![finishing(output(A, &[2, 3]), 2), output(B, &[6])],
+                    None,
+                ),
+                // The client's call: it went away before any response.
+                http(
+                    "/v1/chat/completions",
+                    CHAT_BODY,
+                    None,
+                    T0 - 2 * MS,
+                    T0 - 2 * MS,
+                ),
+            ],
+        );
+        let reports = step_reports(&events);
+        assert_eq!(reports.len(), 2);
+        assert_eq!(reports[0].generation_tokens, 2);
+        assert_eq!(reports[0].prompt_tokens, 5 + 3);
+        assert_eq!(reports[1].generation_tokens, 1, "A's tokens after ABORT");
+        assert!(reports[1].iteration);
+
+        assert!(advance(&mut t, T0 + 80 * MS + GRACE_NS - 1).is_empty());
+        let done = advance(&mut t, T0 + 80 * MS + GRACE_NS);
+        assert_eq!(done.len(), 1);
+        let api = done[0].api.as_ref().expect("the abandoned call");
+        assert_eq!(api.call.status, None);
+        let [a] = done[0].engine.as_slice() else {
+            panic!("A joined to the abandoned call: {:?}", done[0].engine);
+        };
+        assert_eq!(a.request_id, A);
+        assert_eq!(a.finish_reason, Some(FinishReason::Abort));
+        assert!(a.aborted_by_frontend);
+        assert_eq!(a.finished_ns, Some(T0 + 70 * MS - MSG_NS));
+        assert_eq!(a.completion_tokens, 1);
+        assert_eq!(a.first_output_ns, Some(T0 + 50 * MS));
+        // B is still running.
+        assert!(finish(&mut t).is_empty());
+        assert_eq!(t.stats.unfinished_at_end, 1);
+    }
+
+    #[test]
+    fn an_abort_decoded_before_its_add() {
+        const A: &str = "cmpl-A-0-aaaaaaaa";
+        let mut t = tracker();
+        let events = feed(
+            &mut t,
+            &[
+                abort(T0 + 10 * MS, &[A]),
+                add(T0, A, Some("cmpl-A-0"), 5, sampling(16)),
+                step(
+                    T0 + 20 * MS,
+                    0,
+                    10.0,
+                    vec![with_events(output(A, &[1]), &[(1, 9.0), (2, 9.1)])],
+                    None,
+                ),
+            ],
+        );
+        let reports = step_reports(&events);
+        assert_eq!(reports.len(), 1);
+        assert_eq!(
+            (reports[0].generation_tokens, reports[0].prompt_tokens),
+            (0, 0)
+        );
+        // Its outputs are not held as orphans either.
+        assert!(advance(&mut t, T0 + 20 * MS + ORPHAN_WAIT_NS).is_empty());
+        assert_eq!(t.stats.requests_without_add, 0);
+        let done = finish(&mut t);
+        assert_eq!(t.stats.unfinished_at_end, 0);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].api, None);
+        let a = &done[0].engine[0];
+        assert_eq!(a.request_id, A);
+        assert_eq!(a.finish_reason, Some(FinishReason::Abort));
+        assert!(a.aborted_by_frontend);
+        assert_eq!(a.finished_ns, Some(T0 + 10 * MS - MSG_NS));
+        assert_eq!(a.add_sent_ns, T0 - MSG_NS);
+        assert_eq!(a.completion_tokens, 0);
+        assert_eq!(a.first_output_ns, None);
+    }
+
+    #[test]
+    fn n2_children_are_joined_to_one_call() {
+        const C0: &str = "0_cmpl-Y-0-abcdef12";
+        const C1: &str = "1_cmpl-Y-0-abcdef12";
+        let mut t = tracker();
+        let child_sampling = || {
+            map(vec![
+                ("n", Value::from(1)),
+                ("max_tokens", Value::from(2)),
+                ("seed", Value::from(7)),
+            ])
+        };
+        let response = r#"{"id":"cmpl-Y","model":"tiny","choices":[
+            {"index":0,"text":"ab","finish_reason":"length"},
+            {"index":1,"text":"c","finish_reason":"stop"}],
+            "usage":{"prompt_tokens":4,"completion_tokens":3,"total_tokens":7}}"#;
+        feed(
+            &mut t,
+            &[
+                add(T0, C0, Some("cmpl-Y-0"), 4, child_sampling()),
+                add(T0 + 10_000, C1, Some("cmpl-Y-0"), 4, child_sampling()),
+                // Another call's request, not to be claimed.
+                add(
+                    T0 + 20_000,
+                    "cmpl-W-0-eeeeeeee",
+                    Some("cmpl-W-0"),
+                    2,
+                    sampling(1),
+                ),
+                step(
+                    T0 + 30 * MS,
+                    0,
+                    10.0,
+                    vec![
+                        with_prefill(output(C0, &[1]), 4, 0),
+                        with_prefill(finishing(output(C1, &[2]), 0), 4, 4),
+                        finishing(output("cmpl-W-0-eeeeeeee", &[3]), 1),
+                    ],
+                    None,
+                ),
+                step(
+                    T0 + 40 * MS,
+                    0,
+                    10.1,
+                    vec![finishing(output(C0, &[4]), 1)],
+                    None,
+                ),
+                http(
+                    "/v1/completions",
+                    r#"{"model":"tiny","prompt":"hi","n":2,"max_tokens":2}"#,
+                    Some((200, response)),
+                    T0 - MS,
+                    T0 + 45 * MS,
+                ),
+            ],
+        );
+        let done = advance(&mut t, T0 + 45 * MS + GRACE_NS);
+        assert_eq!(done.len(), 1);
+        let api = done[0].api.as_ref().expect("the call");
+        assert_eq!(api.call.n, Some(2));
+        let mut children: Vec<_> = done[0]
+            .engine
+            .iter()
+            .map(|e| e.request_id.as_str())
+            .collect();
+        children.sort();
+        assert_eq!(children, [C0, C1]);
+        let tokens: u64 = done[0].engine.iter().map(|e| e.completion_tokens).sum();
+        assert_eq!(tokens, 3);
+        // The other request is reported alone, 2 * GRACE_NS after it finished.
+        let alone = advance(&mut t, T0 + 30 * MS + 2 * GRACE_NS);
+        assert_eq!(alone.len(), 1);
+        assert_eq!(alone[0].api, None);
+        assert_eq!(alone[0].engine[0].request_id, "cmpl-W-0-eeeeeeee");
+    }
+
+    #[test]
+    fn an_invalid_call_is_reported_alone() {
+        let mut t = tracker();
+        feed(
+            &mut t,
+            &[
+                http(
+                    "/v1/chat/completions",
+                    r#"{"model":"tiny","messages":"oops"}"#,
+                    Some((
+                        400,
+                        r#"{"error":{"message":"bad request","type":"BadRequestError","code":400}}"#,
+                    )),
+                    T0,
+                    T0 + 2 * MS,
+                ),
+                // A request another client sent right after: not the 400's.
+                add(
+                    T0 + 3 * MS,
+                    "chatcmpl-Q-abcdef12",
+                    Some("chatcmpl-Q"),
+                    5,
+                    sampling(1),
+                ),
+                step(
+                    T0 + 10 * MS,
+                    0,
+                    1.0,
+                    vec![finishing(output("chatcmpl-Q-abcdef12", &[1]), 1)],
+                    None,
+                ),
+            ],
+        );
+        assert!(advance(&mut t, T0 + 2 * MS + GRACE_NS - 1).is_empty());
+        let done = advance(&mut t, T0 + 2 * MS + GRACE_NS);
+        assert_eq!(done.len(), 1);
+        let api = done[0].api.as_ref().expect("the call");
+        assert_eq!(api.call.status, Some(400));
+        assert_eq!(api.call.error.as_deref(), Some("bad request"));
+        assert!(done[0].engine.is_empty());
+        let alone = finish(&mut t);
+        assert_eq!(alone.len(), 1);
+        assert_eq!(alone[0].api, None);
+        assert_eq!(alone[0].engine[0].request_id, "chatcmpl-Q-abcdef12");
+    }
+
+    #[test]
+    fn a_request_without_a_call_is_reported_after_twice_the_grace_period() {
+        const ID: &str = "cmpl-L-0-abcdef12";
+        let mut t = tracker();
+        feed(
+            &mut t,
+            &[
+                add(T0, ID, Some("cmpl-L-0"), 2, sampling(1)),
+                step(
+                    T0 + 10 * MS,
+                    0,
+                    1.0,
+                    vec![finishing(output(ID, &[1]), 1)],
+                    None,
+                ),
+            ],
+        );
+        assert!(advance(&mut t, T0 + 10 * MS + GRACE_NS).is_empty());
+        assert!(advance(&mut t, T0 + 10 * MS + 2 * GRACE_NS - 1).is_empty());
+        let done = advance(&mut t, T0 + 10 * MS + 2 * GRACE_NS);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].api, None);
+        assert_eq!(done[0].engine[0].request_id, ID);
+        assert_eq!(done[0].engine[0].finish_reason, Some(FinishReason::Length));
+    }
+
+    #[test]
+    fn finish_reports_everything_and_counts_what_did_not_end() {
+        const DONE: &str = "chatcmpl-D-abcdef12";
+        let mut t = tracker();
+        let response = chat_response("chatcmpl-D", "length");
+        feed(
+            &mut t,
+            &[
+                add(T0, DONE, Some("chatcmpl-D"), 5, sampling(1)),
+                add(
+                    T0 + MS,
+                    "cmpl-R-0-abcdef12",
+                    Some("cmpl-R-0"),
+                    5,
+                    sampling(9),
+                ),
+                step(
+                    T0 + 10 * MS,
+                    0,
+                    1.0,
+                    vec![
+                        finishing(output(DONE, &[1]), 1),
+                        output("cmpl-R-0-abcdef12", &[2]),
+                        output("never-added", &[3]),
+                    ],
+                    None,
+                ),
+                http(
+                    "/v1/chat/completions",
+                    CHAT_BODY,
+                    Some((200, &response)),
+                    T0 - MS,
+                    T0 + 12 * MS,
+                ),
+                // A call that waits on its own.
+                http(
+                    "/v1/chat/completions",
+                    r#"{"model":"tiny"}"#,
+                    Some((400, r#"{"error":{"message":"no messages"}}"#)),
+                    T0 + 13 * MS,
+                    T0 + 14 * MS,
+                ),
+            ],
+        );
+        // Well within the grace period.
+        assert!(advance(&mut t, T0 + 20 * MS).is_empty());
+        let done = finish(&mut t);
+        assert_eq!(done.len(), 2);
+        assert_eq!(done[0].engine.len(), 1);
+        assert_eq!(done[0].engine[0].request_id, DONE);
+        assert_eq!(
+            done[0]
+                .api
+                .as_ref()
+                .and_then(|a| a.call.response_id.as_deref()),
+            Some("chatcmpl-D")
+        );
+        assert_eq!(done[1].api.as_ref().and_then(|a| a.call.status), Some(400));
+        assert!(done[1].engine.is_empty());
+        assert_eq!(t.stats.unfinished_at_end, 1);
+        assert_eq!(t.stats.requests_without_add, 1);
+        // Nothing is reported twice.
+        assert!(finish(&mut t).is_empty());
+        assert_eq!(t.stats.unfinished_at_end, 1);
+    }
+
+    #[test]
+    fn undecodable_messages_are_counted() {
+        let mut t = tracker();
+        let valid_step = enc(&Value::Array(vec![
+            Value::from(0),
+            Value::Array(vec![]),
+            Value::Nil,
+            Value::F64(1.0),
+        ]));
+        let messages = [
+            // Garbage after an ADD type byte.
+            zmtp(true, T0, vec![vec![0x00], vec![0xc1, 0xff, 0x00]]),
+            // Truncated msgpack.
+            zmtp(true, T0, vec![vec![0x00], vec![0xdc, 0x00, 0x16, 0xa3]]),
+            // Valid msgpack of the wrong shape: request_id an int.
+            zmtp(
+                true,
+                T0,
+                vec![
+                    vec![0x00],
+                    enc(&Value::Array(vec![Value::from(1), Value::Nil])),
+                ],
+            ),
+            // An ABORT that is not a list of strings.
+            zmtp(true, T0, vec![vec![0x01], enc(&Value::from(3))]),
+            zmtp(
+                true,
+                T0,
+                vec![vec![0x01], enc(&Value::Array(vec![Value::from(1)]))],
+            ),
+            // Outputs whose array is cut short, or whose list holds a non-array.
+            zmtp(false, T0, vec![vec![0x94, 0x00, 0x91]]),
+            zmtp(
+                false,
+                T0,
+                vec![enc(&Value::Array(vec![
+                    Value::from(0),
+                    Value::Array(vec![Value::from(5)]),
+                ]))],
+            ),
+            // Trailing bytes after a valid value.
+            zmtp(false, T0, vec![[valid_step.clone(), vec![0x00]].concat()]),
+        ];
+        let events = feed(&mut t, &messages);
+        assert!(events.is_empty());
+        assert_eq!(t.stats.undecodable, messages.len() as u64);
+        assert_eq!((t.stats.adds, t.stats.steps), (0, 0));
+
+        // Not vLLM messages at all: ignored, not counted.
+        let others = [
+            zmtp(true, T0, vec![vec![0x00]]),
+            zmtp(true, T0, vec![vec![0x09], vec![0xc1]]),
+            zmtp(true, T0, vec![b"READY".to_vec()]),
+            zmtp(true, T0, vec![vec![0x03], vec![0xc1]]),
+            zmtp(false, T0, vec![vec![0x80]]),
+            zmtp(false, T0, vec![Vec::new()]),
+        ];
+        let events = feed(&mut t, &others);
+        assert!(events.is_empty());
+        assert_eq!(t.stats.undecodable, messages.len() as u64);
+        // And the tracker still works.
+        let events = feed(&mut t, &[zmtp(false, T0, vec![valid_step])]);
+        assert_eq!(step_reports(&events).len(), 1);
+        assert!(finish(&mut t).is_empty());
+    }
+
+    /// vLLM checks stop strings in the frontend: when one matches, the frontend finishes the
+    /// request with reason STOP (counted in `vllm:request_success{finished_reason="stop"}`,
+    /// traced as a finished request) and then sends ABORT so that the EngineCore stops it too
+    /// (vllm/v1/engine/output_processor.py `reqs_to_abort`). The client got a complete 200
+    /// response with `finish_reason: "stop"`.
+    #[test]
+    fn a_stop_string_finish_is_not_a_client_abort() {
+        const ID: &str = "chatcmpl-S-abcdef12";
+        let mut t = tracker();
+        let response = chat_response("chatcmpl-S", "stop");
+        feed(
+            &mut t,
+            &[
+                add(
+                    T0,
+                    ID,
+                    Some("chatcmpl-S"),
+                    5,
+                    map(vec![
+                        ("max_tokens", Value::from(16)),
+                        ("stop", Value::Array(vec![s("\n")])),
+                    ]),
+                ),
+                step(
+                    T0 + 10 * MS,
+                    0,
+                    1.0,
+                    vec![with_events(output(ID, &[1]), &[(1, 0.9), (2, 0.95)])],
+                    None,
+                ),
+                step(T0 + 20 * MS, 0, 1.1, vec![output(ID, &[2])], None),
+                abort(T0 + 21 * MS, &[ID]),
+                http(
+                    "/v1/chat/completions",
+                    CHAT_BODY,
+                    Some((200, &response)),
+                    T0 - MS,
+                    T0 + 22 * MS,
+                ),
+            ],
+        );
+        let done = advance(&mut t, T0 + 22 * MS + GRACE_NS);
+        assert_eq!(done.len(), 1);
+        let e = &done[0].engine[0];
+        assert!(!e.aborted_by_frontend);
+        assert_eq!(e.finish_reason, Some(FinishReason::Stop));
     }
 }

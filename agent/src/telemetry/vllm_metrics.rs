@@ -285,3 +285,487 @@ impl VllmMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{
+        decode::{
+            openai::{ApiCall, Operation, Usage},
+            vllm::{FinishReason, PdRole, PrefixCacheStats, Sampling, SchedulerStats},
+        },
+        telemetry::metrics::Sample,
+    };
+
+    /// CLOCK_REALTIME - CLOCK_MONOTONIC.
+    const R: i128 = 1_759_000_000_000_000_000;
+    /// Wall clock at arrival: monotonic 1000.5 s.
+    const ARRIVAL: f64 = 1_759_001_000.5;
+
+    fn clock() -> Clock {
+        Clock {
+            realtime_minus_monotonic_ns: R,
+        }
+    }
+
+    /// Monotonic ns of 1000 s + `ms`.
+    const fn mono(ms: u64) -> u64 {
+        1_000_000_000_000 + ms * 1_000_000
+    }
+
+    fn metrics() -> VllmMetrics {
+        VllmMetrics {
+            model_name: Some("tiny".into()),
+        }
+    }
+
+    fn timeline(id: &str, reason: FinishReason) -> EngineTimeline {
+        EngineTimeline {
+            request_id: id.into(),
+            external_id: None,
+            sampling: Some(Sampling {
+                n: 1,
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                max_tokens: Some(4),
+                logprobs: None,
+            }),
+            prompt_tokens: Some(5),
+            cached_tokens: Some(0),
+            arrival_time: ARRIVAL,
+            trace_headers: Vec::new(),
+            pd_role: PdRole::None,
+            add_sent_ns: mono(501),
+            queued: Some(1000.5),
+            scheduled: Some(1000.5625),
+            first_token: Some(1000.625),
+            last_token: Some(1000.75),
+            first_output_ns: Some(mono(630)),
+            finished_ns: Some(mono(760)),
+            output_ns: vec![mono(630), mono(700), mono(760)],
+            completion_tokens: 3,
+            preemptions: 0,
+            finish_reason: Some(reason),
+            aborted_by_frontend: false,
+            engine_index: Some(0),
+            steps: Vec::new(),
+            steps_dropped: 0,
+        }
+    }
+
+    fn api(status: Option<u16>, usage: Usage) -> ApiExchange {
+        ApiExchange {
+            call: ApiCall {
+                operation: Some(Operation::Chat),
+                model: Some("tiny".into()),
+                status,
+                response_id: status.map(|_| "chatcmpl-X".to_owned()),
+                usage,
+                ..ApiCall::default()
+            },
+            request_first_ns: mono(499),
+            request_last_ns: mono(500),
+            response_first_ns: status.map(|_| mono(765)),
+            response_last_ns: status.map(|_| mono(766)),
+            complete: status.is_some(),
+        }
+    }
+
+    fn report(iteration: bool, scheduler: Option<SchedulerStats>) -> StepReport {
+        StepReport {
+            iteration,
+            engine_index: 0,
+            scheduler,
+            prompt_tokens: 5,
+            generation_tokens: 2,
+            preemptions: 1,
+        }
+    }
+
+    fn sched(running: u64, waiting: u64, usage: f64, queries: u64, hits: u64) -> SchedulerStats {
+        SchedulerStats {
+            num_running_reqs: running,
+            num_waiting_reqs: waiting,
+            kv_cache_usage: usage,
+            prefix_cache: Some(PrefixCacheStats {
+                reset: false,
+                requests: 1,
+                queries,
+                hits,
+            }),
+            step_counter: None,
+        }
+    }
+
+    fn dims(pairs: &[(&'static str, &str)]) -> BTreeMap<&'static str, String> {
+        pairs.iter().map(|&(k, v)| (k, v.to_owned())).collect()
+    }
+
+    fn engine_dims(engine: &str) -> BTreeMap<&'static str, String> {
+        dims(&[
+            ("callType", "gen_ai"),
+            ("rpcType", "2100"),
+            ("engine_index", engine),
+            ("model_name", "tiny"),
+        ])
+    }
+
+    fn samples(r: &Registry, name: &str) -> Vec<Sample> {
+        r.snapshot()
+            .into_iter()
+            .filter(|s| s.name == name)
+            .collect()
+    }
+
+    #[test]
+    fn the_spec_metrics_with_their_types_and_units() {
+        let spec = [
+            ("genai_llm_usage_tokens", Kind::Counter, "Count"),
+            ("vllm_iter_count", Kind::Counter, "Times"),
+            ("gen_ai_vllm_request_success", Kind::Counter, "Times"),
+            ("genai_llm_first_token_seconds", Kind::Counter, "Seconds"),
+            (
+                "gen_ai_server_time_per_output_token",
+                Kind::Counter,
+                "Seconds",
+            ),
+            ("gen_ai_server_request_duration", Kind::Counter, "Seconds"),
+            ("gen_ai_vllm_num_requests_running", Kind::Gauge, "Count"),
+            ("gen_ai_vllm_num_requests_waiting", Kind::Gauge, "Count"),
+            ("gen_ai_vllm_kv_cache_usage_perc", Kind::Gauge, "Ratio"),
+            ("gen_ai_vllm_prefix_cache_queries", Kind::Counter, "Count"),
+            ("gen_ai_vllm_prefix_cache_hits", Kind::Counter, "Count"),
+            ("gen_ai_vllm_num_preemptions", Kind::Counter, "Times"),
+            ("gen_ai_vllm_prompt_tokens", Kind::Counter, "Count"),
+            ("gen_ai_vllm_generation_tokens", Kind::Counter, "Count"),
+            ("gen_ai_vllm_request_params_n", Kind::Counter, "Count"),
+            (
+                "gen_ai_vllm_request_params_max_tokens",
+                Kind::Counter,
+                "Count",
+            ),
+            (
+                "gen_ai_vllm_request_queue_time_seconds",
+                Kind::Counter,
+                "Seconds",
+            ),
+            (
+                "gen_ai_vllm_request_prefill_time_seconds",
+                Kind::Counter,
+                "Seconds",
+            ),
+            (
+                "gen_ai_vllm_request_decode_time_seconds",
+                Kind::Counter,
+                "Seconds",
+            ),
+            (
+                "gen_ai_vllm_request_inference_time_seconds",
+                Kind::Counter,
+                "Seconds",
+            ),
+        ];
+        let ours: Vec<_> = ALL.iter().map(|d| (d.name, d.kind, d.unit)).collect();
+        assert_eq!(ours, spec);
+    }
+
+    #[test]
+    fn engine_metrics_carry_the_spec_dimensions() {
+        let m = metrics();
+        let mut r = Registry::default();
+        m.step(&mut r, &report(true, Some(sched(1, 2, 0.5, 16, 8))));
+        m.step(
+            &mut r,
+            &StepReport {
+                engine_index: 1,
+                ..report(true, Some(sched(4, 0, 0.75, 0, 0)))
+            },
+        );
+        let mut m = m;
+        m.request(
+            &mut r,
+            &RequestTrace {
+                api: None,
+                engine: vec![timeline("a", FinishReason::Stop)],
+            },
+            &clock(),
+        );
+        let snapshot = r.snapshot();
+        assert!(!snapshot.is_empty());
+        for s in &snapshot {
+            assert_ne!(s.name, USAGE_TOKENS.name, "no API call, no API tokens");
+            let engine = s.dimensions.get("engine_index").expect("engine_index");
+            let mut expected = engine_dims(engine);
+            if s.name == REQUEST_SUCCESS.name {
+                expected.insert("finished_reason", "stop".into());
+            }
+            assert_eq!(s.dimensions, expected, "{}", s.name);
+            assert!(engine == "0" || engine == "1");
+        }
+        assert_eq!(
+            r.value(
+                "gen_ai_vllm_request_success",
+                &[
+                    ("callType", "gen_ai"),
+                    ("rpcType", "2100"),
+                    ("engine_index", "0"),
+                    ("model_name", "tiny"),
+                    ("finished_reason", "stop"),
+                ],
+            ),
+            Some(1.0)
+        );
+        // One series per engine.
+        assert_eq!(samples(&r, ITER_COUNT.name).len(), 2);
+        assert_eq!(r.total(ITER_COUNT.name), 2.0);
+        assert_eq!(
+            r.value(
+                "gen_ai_vllm_num_requests_running",
+                &[
+                    ("callType", "gen_ai"),
+                    ("rpcType", "2100"),
+                    ("engine_index", "1"),
+                    ("model_name", "tiny"),
+                ],
+            ),
+            Some(4.0)
+        );
+        // Without a known model name: "unknown", never a missing dimension.
+        let mut r = Registry::default();
+        VllmMetrics::default().step(&mut r, &report(true, None));
+        let s = &samples(&r, ITER_COUNT.name)[0];
+        assert_eq!(
+            s.dimensions.get("model_name").map(String::as_str),
+            Some("unknown")
+        );
+    }
+
+    #[test]
+    fn api_tokens_carry_the_spec_dimensions() {
+        let mut m = metrics();
+        let mut r = Registry::default();
+        let usage = Usage {
+            input: Some(7),
+            output: Some(9),
+            total: Some(16),
+        };
+        m.request(
+            &mut r,
+            &RequestTrace {
+                api: Some(api(Some(200), usage)),
+                engine: vec![timeline("a", FinishReason::Length)],
+            },
+            &clock(),
+        );
+        let usage_dims = |usage_type: &str| {
+            dims(&[
+                ("callType", "gen_ai"),
+                ("callKind", "custom_entry"),
+                ("rpcType", "2100"),
+                ("modelName", "tiny"),
+                ("spanKind", "LLM"),
+                ("usageType", usage_type),
+            ])
+        };
+        let got: Vec<_> = samples(&r, USAGE_TOKENS.name)
+            .into_iter()
+            .map(|s| (s.dimensions, s.value))
+            .collect();
+        assert_eq!(
+            got,
+            [(usage_dims("input"), 7.0), (usage_dims("output"), 9.0)]
+        );
+
+        // No usage in the response (a stream without include_usage): the engine's counts.
+        m.request(
+            &mut r,
+            &RequestTrace {
+                api: Some(api(Some(200), Usage::default())),
+                engine: vec![timeline("b", FinishReason::Stop)],
+            },
+            &clock(),
+        );
+        assert_eq!(
+            samples(&r, USAGE_TOKENS.name)
+                .iter()
+                .map(|s| s.value)
+                .collect::<Vec<_>>(),
+            [7.0 + 5.0, 9.0 + 3.0]
+        );
+        // Invalid calls and abandoned ones consume nothing.
+        let before = r.total(USAGE_TOKENS.name);
+        for status in [Some(400), None] {
+            m.request(
+                &mut r,
+                &RequestTrace {
+                    api: Some(api(status, Usage::default())),
+                    engine: Vec::new(),
+                },
+                &clock(),
+            );
+        }
+        assert_eq!(r.total(USAGE_TOKENS.name), before);
+        // Embeddings.
+        let mut embedding = api(Some(200), usage);
+        embedding.call.operation = Some(Operation::Embeddings);
+        let mut r = Registry::default();
+        m.request(
+            &mut r,
+            &RequestTrace {
+                api: Some(embedding),
+                engine: Vec::new(),
+            },
+            &clock(),
+        );
+        assert!(
+            samples(&r, USAGE_TOKENS.name)
+                .iter()
+                .all(|s| s.dimensions["spanKind"] == "EMBEDDING")
+        );
+    }
+
+    #[test]
+    fn counters_only_grow_and_gauges_take_the_latest_step() {
+        let m = metrics();
+        let mut r = Registry::default();
+        let steps = [
+            report(true, Some(sched(3, 2, 0.5, 16, 8))),
+            report(true, Some(sched(1, 0, 0.25, 32, 4))),
+            // Late-applied outputs: not an iteration, no scheduler state.
+            StepReport {
+                generation_tokens: 0,
+                preemptions: 0,
+                ..report(false, None)
+            },
+            report(true, None),
+        ];
+        let mut previous: BTreeMap<(String, BTreeMap<&'static str, String>), f64> = BTreeMap::new();
+        for step in &steps {
+            m.step(&mut r, step);
+            for s in r.snapshot() {
+                let key = (s.name.to_owned(), s.dimensions.clone());
+                if s.kind == Kind::Counter
+                    && let Some(&before) = previous.get(&key)
+                {
+                    assert!(
+                        s.value >= before,
+                        "{} went from {before} to {}",
+                        s.name,
+                        s.value
+                    );
+                }
+                previous.insert(key, s.value);
+            }
+        }
+        assert_eq!(r.total(ITER_COUNT.name), 3.0);
+        assert_eq!(r.total(PROMPT_TOKENS.name), 20.0);
+        assert_eq!(r.total(GENERATION_TOKENS.name), 6.0);
+        assert_eq!(r.total(NUM_PREEMPTIONS.name), 3.0);
+        // Gauges: the latest step that reported its scheduler state.
+        assert_eq!(r.total(NUM_RUNNING.name), 1.0);
+        assert_eq!(r.total(NUM_WAITING.name), 0.0);
+        assert_eq!(r.total(KV_CACHE_USAGE.name), 0.25);
+        assert_eq!(samples(&r, NUM_RUNNING.name).len(), 1);
+        // Prefix cache: per-step deltas, summed.
+        assert_eq!(r.total(PREFIX_CACHE_QUERIES.name), 48.0);
+        assert_eq!(r.total(PREFIX_CACHE_HITS.name), 12.0);
+
+        // A request whose engine times run backwards adds nothing negative.
+        let mut odd = timeline("odd", FinishReason::Stop);
+        odd.first_token = Some(1000.5);
+        odd.scheduled = Some(1000.6);
+        odd.queued = Some(1000.7);
+        let mut m = m;
+        m.request(
+            &mut r,
+            &RequestTrace {
+                api: None,
+                engine: vec![odd],
+            },
+            &clock(),
+        );
+        for name in [QUEUE_TIME.name, PREFILL_TIME.name] {
+            assert_eq!(r.total(name), 0.0, "{name}");
+        }
+        assert!(r.snapshot().iter().all(|s| s.value >= 0.0));
+    }
+
+    #[test]
+    fn finished_requests_add_their_durations() {
+        let mut m = metrics();
+        let mut r = Registry::default();
+        let mut t = timeline("a", FinishReason::Length);
+        t.sampling.as_mut().expect("sampling").n = 2;
+        m.request(
+            &mut r,
+            &RequestTrace {
+                api: None,
+                engine: vec![t],
+            },
+            &clock(),
+        );
+        let close = |name: &str, expected: f64| {
+            let got = r.total(name);
+            assert!((got - expected).abs() < 1e-9, "{name}: {got} != {expected}");
+        };
+        close(REQUEST_SUCCESS.name, 1.0);
+        close(PARAMS_N.name, 2.0);
+        close(PARAMS_MAX_TOKENS.name, 4.0);
+        close(QUEUE_TIME.name, 0.0625);
+        close(PREFILL_TIME.name, 0.0625);
+        close(DECODE_TIME.name, 0.125);
+        close(INFERENCE_TIME.name, 0.1875);
+        close(TIME_PER_OUTPUT_TOKEN.name, 0.125 / 2.0);
+        close(FIRST_TOKEN_SECONDS.name, 0.130);
+        close(REQUEST_DURATION.name, 0.260);
+        assert_eq!(
+            samples(&r, REQUEST_SUCCESS.name)[0].dimensions["finished_reason"],
+            "length"
+        );
+    }
+
+    #[test]
+    fn frontend_aborted_requests_are_not_finished_requests() {
+        let mut m = metrics();
+        let mut r = Registry::default();
+        let mut aborted = timeline("a", FinishReason::Abort);
+        aborted.aborted_by_frontend = true;
+        m.request(
+            &mut r,
+            &RequestTrace {
+                api: Some(api(None, Usage::default())),
+                engine: vec![aborted],
+            },
+            &clock(),
+        );
+        assert!(r.snapshot().is_empty(), "{:?}", r.snapshot());
+        // The engine's own abort (finish_reason 2 on an output) is one.
+        m.request(
+            &mut r,
+            &RequestTrace {
+                api: None,
+                engine: vec![timeline("b", FinishReason::Abort)],
+            },
+            &clock(),
+        );
+        let success = samples(&r, REQUEST_SUCCESS.name);
+        assert_eq!(success.len(), 1);
+        assert_eq!(success[0].dimensions["finished_reason"], "abort");
+        assert_eq!(success[0].value, 1.0);
+        // Unfinished timelines are not counted either.
+        let mut unfinished = timeline("c", FinishReason::Stop);
+        unfinished.finish_reason = None;
+        m.request(
+            &mut r,
+            &RequestTrace {
+                api: None,
+                engine: vec![unfinished],
+            },
+            &clock(),
+        );
+        assert_eq!(r.total(REQUEST_SUCCESS.name), 1.0);
+    }
+}

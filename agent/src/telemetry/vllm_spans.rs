@@ -327,12 +327,9 @@ fn engine_spans(
         events,
         error: None,
     });
-    if options.granularity == 0 || !engine_events {
+    if options.granularity == 0 {
         return;
     }
-    let (Some(queued), Some(scheduled)) = (t.queued, t.scheduled) else {
-        return;
-    };
     let mut stage = |name: &'static str, from: f64, to: f64| {
         let mut a = Vec::with_capacity(4);
         common(&mut a);
@@ -348,9 +345,15 @@ fn engine_spans(
             error: None,
         });
     };
-    stage("wait", queued, scheduled);
+    // wait and prefill need the engine's QUEUED/SCHEDULED events; decode only its step times.
+    let events = t.queued.zip(t.scheduled).filter(|_| engine_events);
+    if let Some((queued, scheduled)) = events {
+        stage("wait", queued, scheduled);
+    }
     if let (Some(first), Some(last)) = (t.first_token, t.last_token) {
-        if t.pd_role != PdRole::Consumer {
+        if let Some((_, scheduled)) = events
+            && t.pd_role != PdRole::Consumer
+        {
             stage("prefill", scheduled, first);
         }
         if t.pd_role != PdRole::Producer && t.completion_tokens > 1 {
@@ -428,5 +431,607 @@ mod tests {
         // Two outputs before one write: only the latest counts; a write with no new output
         // (e.g. the final usage chunk) adds nothing.
         assert_eq!(detokenize_ns(&[1, 2], &[4, 6]), Some(2));
+    }
+
+    use crate::{
+        decode::{
+            openai::{Operation, Usage},
+            vllm::{FinishReason, Sampling},
+        },
+        engines::vllm::RequestStep,
+    };
+
+    /// CLOCK_REALTIME - CLOCK_MONOTONIC.
+    const R: i128 = 1_759_000_000_000_000_000;
+    /// Wall clock at arrival: monotonic 1000.5 s.
+    const ARRIVAL: f64 = 1_759_001_000.5;
+    const ARRIVAL_UNIX_NS: u64 = 1_759_001_000_500_000_000;
+    /// Monotonic ns of 1000 s + `ms`.
+    const fn mono(ms: u64) -> u64 {
+        1_000_000_000_000 + ms * 1_000_000
+    }
+    // Engine timestamps (monotonic seconds), exact in binary.
+    const QUEUED: f64 = 1000.5078125;
+    const SCHEDULED: f64 = 1000.5625;
+    const FIRST: f64 = 1000.625;
+    const LAST: f64 = 1000.75;
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn clock() -> Clock {
+        Clock {
+            realtime_minus_monotonic_ns: R,
+        }
+    }
+
+    fn step(kind: StepKind, timestamp: f64, token_ids: &[u64]) -> RequestStep {
+        RequestStep {
+            kind,
+            timestamp,
+            token_ids: token_ids.to_vec(),
+            logprobs: None,
+        }
+    }
+
+    fn timeline() -> EngineTimeline {
+        EngineTimeline {
+            request_id: "chatcmpl-X-abcdef12".into(),
+            external_id: Some("chatcmpl-X".into()),
+            sampling: Some(Sampling {
+                n: 1,
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                max_tokens: Some(4),
+                logprobs: None,
+            }),
+            prompt_tokens: Some(5),
+            cached_tokens: Some(0),
+            arrival_time: ARRIVAL,
+            trace_headers: Vec::new(),
+            pd_role: PdRole::None,
+            add_sent_ns: mono(501),
+            queued: Some(QUEUED),
+            scheduled: Some(SCHEDULED),
+            first_token: Some(FIRST),
+            last_token: Some(LAST),
+            first_output_ns: Some(mono(630)),
+            finished_ns: Some(mono(760)),
+            output_ns: vec![mono(630), mono(700), mono(760)],
+            completion_tokens: 3,
+            preemptions: 0,
+            finish_reason: Some(FinishReason::Length),
+            aborted_by_frontend: false,
+            engine_index: Some(0),
+            steps: vec![
+                step(StepKind::Wait, QUEUED, &[]),
+                step(StepKind::Prefill, FIRST, &[11]),
+                step(StepKind::Decode, 1000.6875, &[12]),
+                step(StepKind::Decode, LAST, &[13]),
+            ],
+            steps_dropped: 0,
+        }
+    }
+
+    fn api() -> ApiExchange {
+        ApiExchange {
+            call: ApiCall {
+                operation: Some(Operation::Chat),
+                model: Some("tiny".into()),
+                max_tokens: Some(4),
+                input_messages: Some(r#"[{"content":"hi","role":"user"}]"#.into()),
+                status: Some(200),
+                response_id: Some("chatcmpl-X".into()),
+                response_model: Some("tiny".into()),
+                finish_reasons: vec!["length".into()],
+                usage: Usage {
+                    input: Some(5),
+                    output: Some(3),
+                    total: Some(8),
+                },
+                output_messages: Some(r#"[{"content":"abc","role":"assistant"}]"#.into()),
+                ..ApiCall::default()
+            },
+            request_first_ns: mono(499),
+            request_last_ns: mono(500),
+            response_first_ns: Some(mono(765)),
+            response_last_ns: Some(mono(766)),
+            complete: true,
+        }
+    }
+
+    fn trace() -> RequestTrace {
+        RequestTrace {
+            api: Some(api()),
+            engine: vec![timeline()],
+        }
+    }
+
+    fn spans_at(trace: &RequestTrace, granularity: u8) -> Vec<Span> {
+        let options = SpanOptions {
+            granularity,
+            ..SpanOptions::default()
+        };
+        spans(trace, &options, &clock(), &mut IdGenerator::default())
+    }
+
+    fn names(spans: &[Span]) -> Vec<&str> {
+        spans.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span in {:?}", names(spans)))
+    }
+
+    fn int(span: &Span, key: &str) -> Option<i64> {
+        match span.attribute(key) {
+            Some(AttrValue::Int(v)) => Some(*v),
+            None => None,
+            Some(other) => panic!("{key} is not an int: {other:?}"),
+        }
+    }
+
+    fn text<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+        match span.attribute(key) {
+            Some(AttrValue::Str(v)) => Some(v),
+            None => None,
+            Some(other) => panic!("{key} is not a string: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn span_tree_and_stage_spans() {
+        let clock = clock();
+        let spans = spans_at(&trace(), 1);
+        assert_eq!(
+            names(&spans),
+            ["chat tiny", "llm_request", "wait", "prefill", "decode"]
+        );
+        let (entry, llm) = (&spans[0], &spans[1]);
+        assert_eq!(entry.parent_span_id, None);
+        assert_eq!(llm.parent_span_id, Some(entry.span_id));
+        for stage in &spans[2..] {
+            assert_eq!(stage.parent_span_id, Some(llm.span_id), "{}", stage.name);
+            assert!(stage.events.is_empty());
+            assert_eq!(stage.error, None);
+            assert_eq!(
+                text(stage, "gen_ai.request.id"),
+                Some("chatcmpl-X-abcdef12")
+            );
+            assert_eq!(text(stage, "gen_ai.request.model_name"), Some("tiny"));
+            assert_eq!(int(stage, "gen_ai.engine.index"), Some(0));
+            assert_eq!(text(stage, "gen_ai.pd_role"), Some("none"));
+        }
+        assert!(spans.iter().all(|s| s.trace_id == entry.trace_id));
+        let mut ids: Vec<_> = spans.iter().map(|s| s.span_id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), spans.len(), "span ids are unique");
+        // Times.
+        assert_eq!(entry.start_time_unix_nano, clock.unix_ns(mono(499)));
+        assert_eq!(entry.end_time_unix_nano, clock.unix_ns(mono(766)));
+        assert_eq!(llm.start_time_unix_nano, ARRIVAL_UNIX_NS);
+        assert_eq!(llm.end_time_unix_nano, clock.unix_ns(mono(760)));
+        let at = |secs: f64| clock.unix_ns_of_mono_secs(secs);
+        let window = |s: &Span| (s.start_time_unix_nano, s.end_time_unix_nano);
+        assert_eq!(window(named(&spans, "wait")), (at(QUEUED), at(SCHEDULED)));
+        assert_eq!(window(named(&spans, "prefill")), (at(SCHEDULED), at(FIRST)));
+        assert_eq!(window(named(&spans, "decode")), (at(FIRST), at(LAST)));
+        assert_eq!(at(QUEUED), 1_759_001_000_507_812_500);
+        // No kv_transfer, ever.
+        assert!(!names(&spans).contains(&"kv_transfer"));
+        // Granularity 1 has no iteration events.
+        assert!(llm.events.is_empty());
+    }
+
+    #[test]
+    fn granularity_0_has_no_stage_spans_and_2_has_iteration_events() {
+        let spans = spans_at(&trace(), 0);
+        assert_eq!(names(&spans), ["chat tiny", "llm_request"]);
+        assert!(spans[1].events.is_empty());
+
+        let mut t = trace();
+        let e = &mut t.engine[0];
+        e.preemptions = 1;
+        e.steps.insert(3, step(StepKind::Preempted, 1000.7, &[]));
+        e.steps[3 + 1].token_ids = vec![13, 14];
+        let spans = spans_at(&t, 2);
+        assert_eq!(
+            names(&spans),
+            ["chat tiny", "llm_request", "wait", "prefill", "decode"]
+        );
+        let events = &spans[1].events;
+        assert_eq!(
+            events.iter().map(|e| e.name).collect::<Vec<_>>(),
+            ["WAIT", "PREFILL", "DECODE", "PREEMPTED", "DECODE"]
+        );
+        let clock = clock();
+        assert_eq!(events[0].time_unix_nano, clock.unix_ns_of_mono_secs(QUEUED));
+        assert_eq!(events[3].time_unix_nano, clock.unix_ns_of_mono_secs(1000.7));
+        let attr = |i: usize, key: &str| {
+            events[i]
+                .attributes
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+        };
+        for i in 0..events.len() {
+            assert_eq!(attr(i, "gen_ai.engine.index"), Some(AttrValue::Int(0)));
+        }
+        assert_eq!(attr(0, "gen_ai.token.ids"), None);
+        assert_eq!(attr(0, "gen_ai.token.count"), None);
+        assert_eq!(attr(3, "gen_ai.token.ids"), None);
+        assert_eq!(
+            attr(1, "gen_ai.token.ids"),
+            Some(AttrValue::IntArray(vec![11]))
+        );
+        assert_eq!(attr(1, "gen_ai.token.count"), Some(AttrValue::Int(1)));
+        assert_eq!(
+            attr(4, "gen_ai.token.ids"),
+            Some(AttrValue::IntArray(vec![13, 14]))
+        );
+        assert_eq!(attr(4, "gen_ai.token.count"), Some(AttrValue::Int(2)));
+        assert_eq!(attr(1, "gen_ai.token.logprobs"), None);
+        assert_eq!(int(&spans[1], "infertrace.events_dropped"), None);
+        // Dropped iterations are said.
+        t.engine[0].steps_dropped = 7;
+        let spans = spans_at(&t, 2);
+        assert_eq!(int(&spans[1], "infertrace.events_dropped"), Some(7));
+    }
+
+    #[test]
+    fn llm_request_attributes_in_integer_nanoseconds() {
+        let spans = spans_at(&trace(), 1);
+        let llm = named(&spans, "llm_request");
+        let ns_of = |from: f64, to: f64| ((to - from) * 1e9).round() as i64;
+        for (key, expected, from, to) in [
+            (
+                "gen_ai.latency.time_in_queue",
+                54_687_500,
+                QUEUED,
+                SCHEDULED,
+            ),
+            (
+                "gen_ai.latency.time_in_model_prefill",
+                62_500_000,
+                SCHEDULED,
+                FIRST,
+            ),
+            (
+                "gen_ai.latency.time_in_model_decode",
+                125_000_000,
+                FIRST,
+                LAST,
+            ),
+            (
+                "gen_ai.latency.time_in_model_inference",
+                187_500_000,
+                SCHEDULED,
+                LAST,
+            ),
+        ] {
+            assert_eq!(int(llm, key), Some(expected), "{key}");
+            assert_eq!(expected, ns_of(from, to), "{key}");
+        }
+        // Frontend clock: from arrival_time (wall) to the capture times of the outputs.
+        assert_eq!(
+            int(llm, "gen_ai.latency.time_to_first_token"),
+            Some(130_000_000)
+        );
+        assert_eq!(int(llm, "gen_ai.latency.e2e"), Some(260_000_000));
+        assert_eq!(int(llm, "gen_ai.latency.time_in_tokenize"), Some(1_000_000));
+        assert_eq!(
+            int(llm, "gen_ai.latency.time_in_detokenize"),
+            Some(5_000_000)
+        );
+        assert_eq!(int(llm, "gen_ai.usage.prompt_tokens"), Some(5));
+        assert_eq!(int(llm, "gen_ai.usage.completion_tokens"), Some(3));
+        // Reported when 0 (cache hit ratio).
+        assert_eq!(int(llm, "gen_ai.usage.cache_read.input_tokens"), Some(0));
+        assert_eq!(int(llm, "gen_ai.request.n"), Some(1));
+        assert_eq!(int(llm, "gen_ai.request.max_tokens"), Some(4));
+        assert_eq!(
+            llm.attribute("gen_ai.request.temperature"),
+            Some(&AttrValue::Float(0.0))
+        );
+        assert_eq!(
+            llm.attribute("gen_ai.request.top_p"),
+            Some(&AttrValue::Float(1.0))
+        );
+        assert_eq!(text(llm, "gen_ai.request.id"), Some("chatcmpl-X-abcdef12"));
+        assert_eq!(text(llm, "gen_ai.request.model_name"), Some("tiny"));
+        assert_eq!(int(llm, "gen_ai.engine.index"), Some(0));
+        assert_eq!(text(llm, "gen_ai.pd_role"), Some("none"));
+        assert_eq!(
+            llm.attribute("infertrace.engine_events"),
+            Some(&AttrValue::Bool(true))
+        );
+        assert_eq!(text(llm, "infertrace.finish_reason"), Some("length"));
+        assert_eq!(int(llm, "gen_ai.request.preemption_count"), None);
+        assert_eq!(llm.error, None);
+        for span in &spans {
+            assert_eq!(span.attribute("gen_ai.latency.time_in_kv_transfer"), None);
+        }
+
+        // Realistic (inexact) engine timestamps still give whole nanoseconds of the difference.
+        let mut t = trace();
+        let e = &mut t.engine[0];
+        e.queued = Some(12_345.678_901_234);
+        e.scheduled = Some(12_345.689_012_345);
+        e.first_token = Some(12_345.791_113_579);
+        e.last_token = Some(12_346.013_579_246);
+        e.preemptions = 2;
+        e.cached_tokens = Some(48);
+        let spans = spans_at(&t, 1);
+        let llm = named(&spans, "llm_request");
+        let (q, s, f, l) = (
+            12_345.678_901_234,
+            12_345.689_012_345,
+            12_345.791_113_579,
+            12_346.013_579_246,
+        );
+        assert_eq!(int(llm, "gen_ai.latency.time_in_queue"), Some(ns_of(q, s)));
+        assert_eq!(ns_of(q, s), 10_111_111);
+        assert_eq!(
+            int(llm, "gen_ai.latency.time_in_model_prefill"),
+            Some(ns_of(s, f))
+        );
+        assert_eq!(
+            int(llm, "gen_ai.latency.time_in_model_decode"),
+            Some(ns_of(f, l))
+        );
+        assert_eq!(
+            int(llm, "gen_ai.latency.time_in_model_inference"),
+            Some(ns_of(s, l))
+        );
+        assert_eq!(int(llm, "gen_ai.request.preemption_count"), Some(2));
+        assert_eq!(int(llm, "gen_ai.usage.cache_read.input_tokens"), Some(48));
+    }
+
+    #[test]
+    fn entry_span_attributes_and_content() {
+        let spans = spans_at(&trace(), 1);
+        let entry = &spans[0];
+        assert_eq!(entry.error, None);
+        assert_eq!(text(entry, "gen_ai.span.kind"), Some("LLM"));
+        assert_eq!(text(entry, "gen_ai.operation.name"), Some("chat"));
+        assert_eq!(text(entry, "gen_ai.request.model"), Some("tiny"));
+        assert_eq!(text(entry, "gen_ai.response.id"), Some("chatcmpl-X"));
+        assert_eq!(text(entry, "gen_ai.response.model"), Some("tiny"));
+        assert_eq!(int(entry, "gen_ai.request.max_tokens"), Some(4));
+        assert_eq!(
+            entry.attribute("gen_ai.request.is_stream"),
+            Some(&AttrValue::Bool(false))
+        );
+        assert_eq!(text(entry, "session.id"), None);
+        assert_eq!(
+            entry.attribute("gen_ai.response.finish_reasons"),
+            Some(&AttrValue::StrArray(vec!["length".into()]))
+        );
+        assert_eq!(int(entry, "gen_ai.usage.input_tokens"), Some(5));
+        assert_eq!(int(entry, "gen_ai.usage.output_tokens"), Some(3));
+        assert_eq!(int(entry, "gen_ai.usage.total_tokens"), Some(8));
+        // Content only when asked for.
+        assert_eq!(entry.attribute("gen_ai.input.messages"), None);
+        assert_eq!(entry.attribute("gen_ai.output.messages"), None);
+        let options = SpanOptions {
+            capture_content: true,
+            ..SpanOptions::default()
+        };
+        let spans = super::spans(&trace(), &options, &clock(), &mut IdGenerator::default());
+        assert_eq!(
+            text(&spans[0], "gen_ai.input.messages"),
+            Some(r#"[{"content":"hi","role":"user"}]"#)
+        );
+        assert_eq!(
+            text(&spans[0], "gen_ai.output.messages"),
+            Some(r#"[{"content":"abc","role":"assistant"}]"#)
+        );
+        // Never on llm_request.
+        assert!(
+            spans[1..]
+                .iter()
+                .all(|s| s.attribute("gen_ai.input.messages").is_none())
+        );
+
+        // A stream without usage: the session id, and the engine's counts.
+        let mut t = trace();
+        let call = &mut t.api.as_mut().expect("api").call;
+        call.stream = true;
+        call.usage = Usage::default();
+        let spans = spans_at(&t, 1);
+        assert_eq!(text(&spans[0], "session.id"), Some("chatcmpl-X"));
+        assert_eq!(int(&spans[0], "gen_ai.usage.input_tokens"), Some(5));
+        assert_eq!(int(&spans[0], "gen_ai.usage.output_tokens"), Some(3));
+        assert_eq!(int(&spans[0], "gen_ai.usage.total_tokens"), Some(8));
+    }
+
+    #[test]
+    fn without_engine_events_queue_and_prefill_are_left_out() {
+        let mut t = trace();
+        t.engine[0].queued = None;
+        t.engine[0].scheduled = None;
+        t.engine[0].steps.remove(0);
+        for granularity in [1, 2] {
+            let spans = spans_at(&t, granularity);
+            let llm = named(&spans, "llm_request");
+            for key in [
+                "gen_ai.latency.time_in_queue",
+                "gen_ai.latency.time_in_model_prefill",
+                "gen_ai.latency.time_in_model_inference",
+            ] {
+                assert_eq!(llm.attribute(key), None, "{key}");
+            }
+            assert_eq!(
+                int(llm, "gen_ai.latency.time_in_model_decode"),
+                Some(125_000_000)
+            );
+            assert_eq!(
+                int(llm, "gen_ai.latency.time_to_first_token"),
+                Some(130_000_000)
+            );
+            assert_eq!(int(llm, "gen_ai.latency.e2e"), Some(260_000_000));
+            assert_eq!(
+                llm.attribute("infertrace.engine_events"),
+                Some(&AttrValue::Bool(false))
+            );
+            let n = names(&spans);
+            assert!(!n.contains(&"wait") && !n.contains(&"prefill"), "{n:?}");
+        }
+        // QUEUED without SCHEDULED is no better.
+        t.engine[0].queued = Some(QUEUED);
+        let spans = spans_at(&t, 1);
+        assert_eq!(
+            named(&spans, "llm_request").attribute("gen_ai.latency.time_in_queue"),
+            None
+        );
+        assert!(!names(&spans).contains(&"wait"));
+    }
+
+    /// docs/accuracy.md: with `--disable-log-stats` infertrace "omits queue, prefill and
+    /// inference (and the `wait`/`prefill` spans), keeps decode (step timestamps)".
+    #[test]
+    fn without_engine_events_the_decode_span_is_kept() {
+        let mut t = trace();
+        t.engine[0].queued = None;
+        t.engine[0].scheduled = None;
+        let spans = spans_at(&t, 1);
+        let decode = named(&spans, "decode");
+        let clock = clock();
+        assert_eq!(
+            decode.start_time_unix_nano,
+            clock.unix_ns_of_mono_secs(FIRST)
+        );
+        assert_eq!(decode.end_time_unix_nano, clock.unix_ns_of_mono_secs(LAST));
+    }
+
+    #[test]
+    fn pd_roles_keep_their_own_stage() {
+        let stages = |role| {
+            let mut t = trace();
+            t.engine[0].pd_role = role;
+            let spans = spans_at(&t, 1);
+            for s in &spans[1..] {
+                assert_eq!(text(s, "gen_ai.pd_role"), Some(role.as_str()), "{}", s.name);
+            }
+            names(&spans[2..])
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let producer = stages(PdRole::Producer);
+        assert!(producer.contains(&"prefill".to_owned()), "{producer:?}");
+        assert!(!producer.contains(&"decode".to_owned()), "{producer:?}");
+        let consumer = stages(PdRole::Consumer);
+        assert!(consumer.contains(&"decode".to_owned()), "{consumer:?}");
+        assert!(!consumer.contains(&"prefill".to_owned()), "{consumer:?}");
+        let none = stages(PdRole::None);
+        assert!(none.contains(&"prefill".to_owned()) && none.contains(&"decode".to_owned()));
+    }
+
+    #[test]
+    fn an_incoming_traceparent_is_continued() {
+        let (trace_id, parent) = parse_traceparent(TRACEPARENT).expect("valid");
+        let mut t = trace();
+        t.api.as_mut().expect("api").call.traceparent = Some(TRACEPARENT.into());
+        let spans = spans_at(&t, 1);
+        assert_eq!(spans[0].trace_id, trace_id);
+        assert_eq!(spans[0].parent_span_id, Some(parent));
+        assert_ne!(spans[0].span_id, parent);
+        assert!(spans.iter().all(|s| s.trace_id == trace_id));
+        assert_eq!(spans[1].parent_span_id, Some(spans[0].span_id));
+        // An invalid header starts a new trace.
+        t.api.as_mut().expect("api").call.traceparent = Some("00-zz-yy-01".into());
+        let spans = spans_at(&t, 1);
+        assert_ne!(spans[0].trace_id, trace_id);
+        assert_eq!(spans[0].parent_span_id, None);
+        // Without a call, llm_request continues the trace the frontend forwarded to the engine.
+        let mut alone = trace();
+        alone.api = None;
+        alone.engine[0].trace_headers = vec![("traceparent".into(), TRACEPARENT.into())];
+        let spans = spans_at(&alone, 1);
+        assert_eq!(names(&spans), ["llm_request", "wait", "prefill", "decode"]);
+        assert_eq!(spans[0].trace_id, trace_id);
+        assert_eq!(spans[0].parent_span_id, Some(parent));
+        // The model name then comes from the options.
+        assert_eq!(text(&spans[0], "gen_ai.request.model_name"), None);
+        let options = SpanOptions {
+            default_model: Some("served".into()),
+            ..SpanOptions::default()
+        };
+        let spans = super::spans(&alone, &options, &clock(), &mut IdGenerator::default());
+        assert_eq!(text(&spans[0], "gen_ai.request.model_name"), Some("served"));
+    }
+
+    #[test]
+    fn an_invalid_call_has_an_error_entry_span_only() {
+        let mut t = trace();
+        t.engine.clear();
+        let api = t.api.as_mut().expect("api");
+        api.call = ApiCall {
+            operation: Some(Operation::Chat),
+            model: Some("tiny".into()),
+            status: Some(400),
+            error: Some("bad request".into()),
+            ..ApiCall::default()
+        };
+        let spans = spans_at(&t, 2);
+        assert_eq!(names(&spans), ["chat tiny"]);
+        assert_eq!(spans[0].error.as_deref(), Some("bad request"));
+        assert_eq!(spans[0].end_time_unix_nano, clock().unix_ns(mono(766)));
+        assert_eq!(int(&spans[0], "gen_ai.usage.output_tokens"), None);
+        // Without an error message: the status.
+        t.api.as_mut().expect("api").call.error = None;
+        assert_eq!(spans_at(&t, 1)[0].error.as_deref(), Some("HTTP 400"));
+    }
+
+    #[test]
+    fn a_client_abort_has_a_no_response_error() {
+        let mut t = trace();
+        let api = t.api.as_mut().expect("api");
+        api.call.status = None;
+        api.call.response_id = None;
+        api.call.response_model = None;
+        api.call.finish_reasons.clear();
+        api.call.usage = Usage::default();
+        api.call.output_messages = None;
+        api.response_first_ns = None;
+        api.response_last_ns = None;
+        api.complete = false;
+        let e = &mut t.engine[0];
+        e.finish_reason = Some(FinishReason::Abort);
+        e.aborted_by_frontend = true;
+        e.finished_ns = Some(mono(700));
+        e.output_ns.truncate(2);
+        e.last_token = Some(1000.6875);
+        e.completion_tokens = 2;
+        let spans = spans_at(&t, 1);
+        assert_eq!(names(&spans)[..2], ["chat tiny", "llm_request"]);
+        let entry = &spans[0];
+        assert!(
+            entry
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("no response")),
+            "{:?}",
+            entry.error
+        );
+        // It ends when the request was aborted.
+        assert_eq!(entry.end_time_unix_nano, clock().unix_ns(mono(700)));
+        let llm = &spans[1];
+        assert_eq!(llm.error, None);
+        assert_eq!(text(llm, "infertrace.finish_reason"), Some("abort"));
+        assert_eq!(int(llm, "gen_ai.latency.e2e"), Some(200_000_000));
+        assert_eq!(int(llm, "gen_ai.latency.time_in_detokenize"), None);
+        assert_eq!(int(&spans[0], "gen_ai.usage.output_tokens"), Some(2));
+        // Cut short after a 200: its own error.
+        let mut t = trace();
+        t.api.as_mut().expect("api").complete = false;
+        assert_eq!(
+            spans_at(&t, 1)[0].error.as_deref(),
+            Some("response cut short")
+        );
     }
 }
