@@ -1,8 +1,9 @@
 //! `cargo xtask bench-vllm`: what attaching infertrace costs a real vLLM (BENCHMARKS.md).
 //!
-//! The tiny vLLM serves `vllm bench serve` (random dataset, fixed seed) several times, runs
-//! alternating between no agent and `infertrace attach` (default outputs off: `--output none`,
-//! so that only capture, decoding and span building are measured). Reported: output tokens/s
+//! The tiny vLLM (prefix caching off, so that repeated prompts cost the same every time) serves
+//! `vllm bench serve` (random dataset, the same seed for both configurations of a pair) several
+//! times, alternating between no agent and `infertrace attach` (which goes first alternates too;
+//! outputs off, `--output none`, so that capture, decoding and span building are measured). Reported: output tokens/s
 //! and TTFT (mean, median) per run, the median ratio traced/untraced, and the agent's CPU time
 //! and peak RSS per traced run (from its own summary line).
 use std::{
@@ -43,7 +44,14 @@ pub fn bench_vllm(options: &BenchVllmOptions) -> anyhow::Result<()> {
     let agent = root.join("target/release/infertrace");
     let home = vllm_home();
     stop_vllm(&home, PORT)?;
-    let pid = start_vllm(&root, &home, PORT, &[])?;
+    // Both configurations send the same prompts (same seed): without prefix caching, so that
+    // the second run of a pair does not find the first one's prompts cached.
+    let pid = start_vllm(
+        &root,
+        &home,
+        PORT,
+        &["--no-enable-prefix-caching".to_owned()],
+    )?;
     let result = measure(&agent, &home, pid, options);
     stop_vllm(&home, PORT)?;
     result
@@ -54,7 +62,11 @@ fn measure(agent: &Path, home: &Path, pid: u32, options: &BenchVllmOptions) -> a
     bench_serve(home, options.num_prompts, 1)?;
     let (mut without, mut with, mut usage) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..options.runs {
-        without.push(bench_serve(home, options.num_prompts, i as u64)?);
+        // Alternate which configuration goes first, so that drift does not favour one.
+        let traced_first = i % 2 == 1;
+        if !traced_first {
+            without.push(bench_serve(home, options.num_prompts, i as u64)?);
+        }
         let mut child = Command::new(agent)
             .args(["attach", "--pid", &pid.to_string(), "--output", "none"])
             .env("INFERTRACE_LOG", "warn")
@@ -75,6 +87,9 @@ fn measure(agent: &Path, home: &Path, pid: u32, options: &BenchVllmOptions) -> a
             .read_to_string(&mut summary)?;
         if !child.wait()?.success() {
             bail!("infertrace failed: {summary}");
+        }
+        if traced_first {
+            without.push(bench_serve(home, options.num_prompts, i as u64)?);
         }
         let cpu = number_before(&summary, " s of CPU").unwrap_or(f64::NAN);
         let rss = number_before(&summary, " KiB").unwrap_or(f64::NAN);
