@@ -64,6 +64,24 @@ fn get(port: u16, path: &str) -> String {
         .unwrap_or_default()
 }
 
+/// POST a JSON body; the response body.
+fn post(port: u16, path: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("response");
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}
+
 /// Stops what it holds when the test ends, however it ends.
 struct Cleanup {
     children: Vec<Child>,
@@ -331,6 +349,91 @@ fn vllm_without_log_stats_marks_what_it_could_not_measure() {
         checked += 1;
     }
     assert!(checked >= 5, "only {checked} requests had usage");
+    drop(cleanup);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A pooling vLLM (the tiny model converted to an embedding model): `/v1/embeddings` and
+/// `/score` calls get `embeddings {model}` / `rerank {model}` entry spans with one
+/// `llm_request` per input (or pair), and the API's token usage.
+#[test]
+fn vllm_embeddings_and_rerank() {
+    let dir = temp_dir("e2e-pooling");
+    let ours = dir.join("ours.jsonl");
+    let mut cleanup = Cleanup {
+        children: Vec::new(),
+        engine: false,
+    };
+    let api_pid = fresh_vllm(
+        &mut cleanup,
+        &["--runner", "pooling", "--convert", "embed"],
+        &[],
+    );
+    let agent = attach(&api_pid, &ours, free_port());
+    let calls = [
+        (
+            "/v1/embeddings",
+            r#"{"model":"tiny","input":["hello world","the quick brown fox"]}"#,
+            2,
+        ),
+        (
+            "/v1/embeddings",
+            r#"{"model":"tiny","input":"one more"}"#,
+            1,
+        ),
+        (
+            "/score",
+            r#"{"model":"tiny","text_1":"a","text_2":["b","c"]}"#,
+            2,
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (path, body, _) in calls {
+        let answer: serde_json::Value =
+            serde_json::from_str(&post(PORT, path, body)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        answers.push(answer);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let stderr = stop(agent);
+    let spans: Vec<serde_json::Value> = std::fs::read_to_string(&ours)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["type"] == "span")
+        .collect();
+    for ((path, _, inputs), answer) in calls.iter().zip(&answers) {
+        let id = answer["id"].as_str().expect("response id");
+        let entry = spans
+            .iter()
+            .find(|s| s["attributes"]["gen_ai.response.id"] == id)
+            .unwrap_or_else(|| panic!("no entry span for {path} {id}\n{stderr}"));
+        let (name, kind, op) = if path.contains("embeddings") {
+            ("embeddings tiny", "EMBEDDING", "embeddings")
+        } else {
+            ("rerank tiny", "RERANKER", "rerank")
+        };
+        assert_eq!(entry["name"], name);
+        assert_eq!(entry["attributes"]["gen_ai.span.kind"], kind);
+        assert_eq!(entry["attributes"]["gen_ai.operation.name"], op);
+        assert_eq!(
+            entry["attributes"]["gen_ai.usage.input_tokens"], answer["usage"]["prompt_tokens"],
+            "{path}"
+        );
+        let children: Vec<&serde_json::Value> = spans
+            .iter()
+            .filter(|s| s["name"] == "llm_request" && s["parent_span_id"] == entry["span_id"])
+            .collect();
+        assert!(
+            children.len() >= *inputs,
+            "{path}: {} llm_request",
+            children.len()
+        );
+        assert!(
+            children
+                .iter()
+                .all(|c| c["attributes"]["gen_ai.usage.prompt_tokens"].as_u64() > Some(0))
+        );
+    }
     drop(cleanup);
     let _ = std::fs::remove_dir_all(&dir);
 }
