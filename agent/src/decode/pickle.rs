@@ -1,0 +1,1005 @@
+//! A restricted pickle decoder: it builds plain values and records class and function names,
+//! and never imports or calls anything.
+//!
+//! SGLang's processes exchange pickled request and output objects over ZeroMQ (protocol 5 by
+//! default). Python's own unpickler would execute what the stream names; this one only reads:
+//! `GLOBAL`/`STACK_GLOBAL` become [`PyValue::Global`] (a name), `REDUCE`/`NEWOBJ`/`OBJ`/`INST`
+//! become [`PyValue::Object`] (the callable or class, its arguments, and the state `BUILD`
+//! gave it), so a dataclass, a msgspec struct (`msgspec._utils.rebuild(cls, fields)`) or a
+//! `copyreg` reconstruction all come out as data that [`PyValue::instance`] reads.
+//!
+//! Protocols 0 to 5: framing, the memo (shared and even self-referencing values, kept in an
+//! arena so that later mutation is seen through every reference), out-of-band buffers (given by
+//! the caller, or left as [`PyValue::Buffer`] placeholders). Hostile input fails the message
+//! with an error, never the agent: every length is checked against the bytes left, nodes and
+//! the expanded result are bounded, and `PERSID`/`EXT*` (which need the sender's tables) are
+//! refused.
+use std::collections::HashMap;
+
+/// Nodes one message may create (each pickle opcode makes at most one).
+const MAX_NODES: usize = 4 << 20;
+/// Values produced when the result is expanded (shared references count each time they
+/// appear, so a small pickle cannot expand into an exponential tree).
+const MAX_EXPANDED: usize = 16 << 20;
+/// Nesting of the expanded result; deeper (or cyclic) values are cut with an error.
+const MAX_DEPTH: usize = 128;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PickleError {
+    #[error("truncated at byte {0}")]
+    Truncated(usize),
+    #[error("unknown opcode 0x{0:02x} at byte {1}")]
+    UnknownOpcode(u8, usize),
+    #[error("{0} is not supported (it needs the sender's tables)")]
+    Unsupported(&'static str),
+    #[error("malformed: {0} (byte {1})")]
+    Malformed(&'static str, usize),
+    #[error("too large: {0}")]
+    TooLarge(&'static str),
+    #[error("nested deeper than {MAX_DEPTH} levels (or a cycle)")]
+    TooDeep,
+}
+
+/// A decoded Python value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PyValue {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An int beyond i64: little-endian two's complement bytes, as pickle stores it.
+    BigInt(Vec<u8>),
+    Float(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+    List(Vec<PyValue>),
+    Tuple(Vec<PyValue>),
+    Dict(Vec<(PyValue, PyValue)>),
+    Set(Vec<PyValue>),
+    /// A module attribute named by the stream (a class or a function), not imported.
+    Global {
+        module: String,
+        name: String,
+    },
+    /// What the stream would have built by calling `callable(*args)` (REDUCE, OBJ, INST) or
+    /// `cls.__new__(cls, *args)` (NEWOBJ): nothing was called.
+    Object {
+        callable: Box<PyValue>,
+        args: Box<PyValue>,
+        /// `BUILD`'s state (usually the instance `__dict__`, or `(dict, slots)`).
+        state: Option<Box<PyValue>>,
+        /// Items a list or dict subclass received (APPEND(S), SETITEM(S)).
+        items: Vec<PyValue>,
+        entries: Vec<(PyValue, PyValue)>,
+    },
+    /// An out-of-band buffer (protocol 5) the caller did not supply.
+    Buffer(usize),
+}
+
+impl PyValue {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            PyValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            PyValue::Int(i) => Some(*i),
+            PyValue::Bool(b) => Some(i64::from(*b)),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            PyValue::Float(f) => Some(*f),
+            PyValue::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+
+    /// Elements of a list or tuple.
+    pub fn as_seq(&self) -> Option<&[PyValue]> {
+        match self {
+            PyValue::List(v) | PyValue::Tuple(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Value of a string key in a dict.
+    pub fn get(&self, key: &str) -> Option<&PyValue> {
+        match self {
+            PyValue::Dict(entries) => entries
+                .iter()
+                .find(|(k, _)| k.as_str() == Some(key))
+                .map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    /// An instance of a named class with its fields: `cls.__new__` + BUILD(dict) (dataclasses,
+    /// plain classes; also `(dict, slots)` states), or `f(cls, dict)` reconstructors such as
+    /// msgspec's `rebuild` and `copyreg._reconstructor`. Returns (module, class name, fields).
+    pub fn instance(&self) -> Option<(&str, &str, &PyValue)> {
+        let PyValue::Object {
+            callable,
+            args,
+            state,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        // f(cls, fields) reconstructors.
+        if let Some([cls, data, ..]) = args.as_seq()
+            && let (Some((module, name)), Some(data)) = (global_name(cls), instance_fields(data))
+        {
+            return Some((module, name, data));
+        }
+        let (module, name) = global_name(callable)?;
+        let data = state.as_deref().and_then(instance_fields)?;
+        Some((module, name, data))
+    }
+}
+
+fn global_name(v: &PyValue) -> Option<(&str, &str)> {
+    match v {
+        PyValue::Global { module, name } => Some((module.as_str(), name.as_str())),
+        _ => None,
+    }
+}
+
+/// The field dict of an instance state: a dict, or the non-empty dict of `(dict, slots)`
+/// (classes with `__slots__`).
+fn instance_fields(v: &PyValue) -> Option<&PyValue> {
+    match v {
+        PyValue::Dict(_) => Some(v),
+        PyValue::Tuple(pair) if pair.len() == 2 => pair
+            .iter()
+            .find(|p| matches!(p, PyValue::Dict(d) if !d.is_empty()))
+            .or_else(|| pair.iter().find(|p| matches!(p, PyValue::Dict(_)))),
+        _ => None,
+    }
+}
+
+/// Arena node: containers refer to other nodes by index, so that a memoized value mutated
+/// later (the usual EMPTY_LIST, MEMOIZE, MARK, ..., APPENDS) is seen by every reference.
+#[derive(Debug)]
+enum Node {
+    Leaf(PyValue),
+    List(Vec<usize>),
+    Tuple(Vec<usize>),
+    Dict(Vec<(usize, usize)>),
+    Set(Vec<usize>),
+    Object {
+        callable: usize,
+        args: usize,
+        state: Option<usize>,
+        items: Vec<usize>,
+        entries: Vec<(usize, usize)>,
+    },
+}
+
+#[derive(Clone, Copy)]
+enum Slot {
+    Mark,
+    Value(usize),
+}
+
+struct Machine<'a> {
+    data: &'a [u8],
+    at: usize,
+    nodes: Vec<Node>,
+    stack: Vec<Slot>,
+    /// PUT/MEMOIZE key -> node.
+    memo: HashMap<u64, usize>,
+    buffers: &'a [Vec<u8>],
+    next_buffer: usize,
+}
+
+/// Decode one pickle. `buffers` are the out-of-band buffers sent next to it (protocol 5).
+pub fn loads(data: &[u8], buffers: &[Vec<u8>]) -> Result<PyValue, PickleError> {
+    loads_within(data, buffers, MAX_EXPANDED)
+}
+
+fn loads_within(
+    data: &[u8],
+    buffers: &[Vec<u8>],
+    max_expanded: usize,
+) -> Result<PyValue, PickleError> {
+    let mut m = Machine {
+        data,
+        at: 0,
+        nodes: Vec::new(),
+        stack: Vec::new(),
+        memo: HashMap::new(),
+        buffers,
+        next_buffer: 0,
+    };
+    let top = m.run()?;
+    let mut budget = max_expanded;
+    m.expand(top, 0, &mut budget)
+}
+
+impl Machine<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], PickleError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.data.len())
+            .ok_or(PickleError::Truncated(self.data.len()))?;
+        let bytes = &self.data[self.at..end];
+        self.at = end;
+        Ok(bytes)
+    }
+
+    fn u8(&mut self) -> Result<u8, PickleError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn le<const N: usize>(&mut self) -> Result<[u8; N], PickleError> {
+        let mut out = [0; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    /// A length field of `N` bytes, checked against what is left.
+    fn len<const N: usize>(&mut self) -> Result<usize, PickleError> {
+        let mut wide = [0u8; 8];
+        wide[..N].copy_from_slice(&self.le::<N>()?);
+        let n = u64::from_le_bytes(wide);
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= self.data.len() - self.at)
+            .ok_or(PickleError::Truncated(self.data.len()))
+    }
+
+    /// A text line (protocol 0 arguments), without its newline.
+    fn line(&mut self) -> Result<&[u8], PickleError> {
+        let rest = &self.data[self.at..];
+        let n = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or(PickleError::Truncated(self.data.len()))?;
+        self.at += n + 1;
+        Ok(&rest[..n])
+    }
+
+    fn node(&mut self, node: Node) -> Result<usize, PickleError> {
+        if self.nodes.len() >= MAX_NODES {
+            return Err(PickleError::TooLarge("too many values"));
+        }
+        self.nodes.push(node);
+        Ok(self.nodes.len() - 1)
+    }
+
+    fn push(&mut self, node: Node) -> Result<(), PickleError> {
+        let id = self.node(node)?;
+        self.stack.push(Slot::Value(id));
+        Ok(())
+    }
+
+    fn leaf(&mut self, v: PyValue) -> Result<(), PickleError> {
+        self.push(Node::Leaf(v))
+    }
+
+    fn pop(&mut self) -> Result<usize, PickleError> {
+        match self.stack.pop() {
+            Some(Slot::Value(id)) => Ok(id),
+            Some(Slot::Mark) => Err(PickleError::Malformed("unexpected MARK", self.at)),
+            None => Err(PickleError::Malformed("stack underflow", self.at)),
+        }
+    }
+
+    fn top(&self) -> Result<usize, PickleError> {
+        match self.stack.last() {
+            Some(Slot::Value(id)) => Ok(*id),
+            _ => Err(PickleError::Malformed("no value on the stack", self.at)),
+        }
+    }
+
+    /// Everything above the topmost MARK, which is removed.
+    fn pop_mark(&mut self) -> Result<Vec<usize>, PickleError> {
+        let mark = self
+            .stack
+            .iter()
+            .rposition(|s| matches!(s, Slot::Mark))
+            .ok_or(PickleError::Malformed("no MARK", self.at))?;
+        let items = self.stack[mark + 1..]
+            .iter()
+            .map(|s| match s {
+                Slot::Value(id) => *id,
+                Slot::Mark => unreachable!("rposition found the topmost mark"),
+            })
+            .collect();
+        self.stack.truncate(mark);
+        Ok(items)
+    }
+
+    fn text(&self, bytes: &[u8]) -> Result<String, PickleError> {
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| PickleError::Malformed("invalid UTF-8", self.at))
+    }
+
+    fn append(&mut self, target: usize, items: Vec<usize>) -> Result<(), PickleError> {
+        match &mut self.nodes[target] {
+            Node::List(v) | Node::Set(v) => v.extend(items),
+            Node::Object { items: v, .. } => v.extend(items),
+            _ => return Err(PickleError::Malformed("APPEND to a non-list", self.at)),
+        }
+        Ok(())
+    }
+
+    /// Alternating keys and values as pairs.
+    fn pairs(&self, flat: &[usize]) -> Result<Vec<(usize, usize)>, PickleError> {
+        if !flat.len().is_multiple_of(2) {
+            return Err(PickleError::Malformed("odd number of dict items", self.at));
+        }
+        Ok(flat.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+    }
+
+    fn set_items(&mut self, target: usize, flat: Vec<usize>) -> Result<(), PickleError> {
+        let pairs = self.pairs(&flat)?;
+        match &mut self.nodes[target] {
+            Node::Dict(v) => v.extend(pairs),
+            Node::Object { entries, .. } => entries.extend(pairs),
+            _ => return Err(PickleError::Malformed("SETITEM on a non-dict", self.at)),
+        }
+        Ok(())
+    }
+
+    fn object(&mut self, callable: usize, args: usize) -> Result<(), PickleError> {
+        self.push(Node::Object {
+            callable,
+            args,
+            state: None,
+            items: Vec::new(),
+            entries: Vec::new(),
+        })
+    }
+
+    fn global(&mut self, module: String, name: String) -> Result<(), PickleError> {
+        self.leaf(PyValue::Global { module, name })
+    }
+
+    fn memo_put(&mut self, key: u64) -> Result<(), PickleError> {
+        let id = self.top()?;
+        if self.memo.len() >= MAX_NODES {
+            return Err(PickleError::TooLarge("memo"));
+        }
+        self.memo.insert(key, id);
+        Ok(())
+    }
+
+    fn memo_get(&mut self, key: u64) -> Result<(), PickleError> {
+        let id = *self
+            .memo
+            .get(&key)
+            .ok_or(PickleError::Malformed("memo key not found", self.at))?;
+        self.stack.push(Slot::Value(id));
+        Ok(())
+    }
+
+    /// Runs the opcodes up to STOP; returns the top value.
+    fn run(&mut self) -> Result<usize, PickleError> {
+        loop {
+            let at = self.at;
+            let op = self.u8()?;
+            match op {
+                b'.' => return self.pop(),
+                0x80 => {
+                    // PROTO: any version up to 5 is read the same way.
+                    if self.u8()? > 5 {
+                        return Err(PickleError::Malformed("protocol above 5", at));
+                    }
+                }
+                0x95 => {
+                    // FRAME: a length prefix for buffering; the opcodes continue inline.
+                    self.le::<8>()?;
+                }
+                b'(' => self.stack.push(Slot::Mark),
+                b'0' => {
+                    self.stack
+                        .pop()
+                        .ok_or(PickleError::Malformed("stack underflow", at))?;
+                }
+                b'1' => {
+                    self.pop_mark()?;
+                }
+                b'2' => {
+                    let id = self.top()?;
+                    self.stack.push(Slot::Value(id));
+                }
+                b'N' => self.leaf(PyValue::None)?,
+                0x88 => self.leaf(PyValue::Bool(true))?,
+                0x89 => self.leaf(PyValue::Bool(false))?,
+                b'J' => {
+                    let v = i32::from_le_bytes(self.le()?);
+                    self.leaf(PyValue::Int(v.into()))?
+                }
+                b'K' => {
+                    let v = self.u8()?;
+                    self.leaf(PyValue::Int(v.into()))?
+                }
+                b'M' => {
+                    let v = u16::from_le_bytes(self.le()?);
+                    self.leaf(PyValue::Int(v.into()))?
+                }
+                0x8a => {
+                    let n = self.len::<1>()?;
+                    let bytes = self.take(n)?.to_vec();
+                    self.leaf(long(bytes))?
+                }
+                0x8b => {
+                    let n = self.len::<4>()?;
+                    let bytes = self.take(n)?.to_vec();
+                    self.leaf(long(bytes))?
+                }
+                b'I' => {
+                    let line = self.line()?.to_vec();
+                    let v = match line.as_slice() {
+                        b"00" => PyValue::Bool(false),
+                        b"01" => PyValue::Bool(true),
+                        text => text_int(text).ok_or(PickleError::Malformed("INT", at))?,
+                    };
+                    self.leaf(v)?
+                }
+                b'L' => {
+                    let line = self.line()?.to_vec();
+                    let text = line.strip_suffix(b"L").unwrap_or(&line);
+                    let v = text_int(text).ok_or(PickleError::Malformed("LONG", at))?;
+                    self.leaf(v)?
+                }
+                b'G' => {
+                    let v = f64::from_be_bytes(self.le()?);
+                    self.leaf(PyValue::Float(v))?
+                }
+                b'F' => {
+                    let line = self.line()?;
+                    let v = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .ok_or(PickleError::Malformed("FLOAT", at))?;
+                    self.leaf(PyValue::Float(v))?
+                }
+                // Unicode strings.
+                b'X' | 0x8c | 0x8d => {
+                    let n = match op {
+                        b'X' => self.len::<4>()?,
+                        0x8c => self.len::<1>()?,
+                        _ => self.len::<8>()?,
+                    };
+                    let bytes = self.take(n)?.to_vec();
+                    let s = self.text(&bytes)?;
+                    self.leaf(PyValue::Str(s))?
+                }
+                b'V' => {
+                    let line = self.line()?.to_vec();
+                    let s =
+                        raw_unicode_escape(&line).ok_or(PickleError::Malformed("UNICODE", at))?;
+                    self.leaf(PyValue::Str(s))?
+                }
+                // Byte strings (Python 2 str in protocols 0-2 reads as bytes).
+                b'B' | b'C' | 0x8e | b'T' | b'U' | 0x96 => {
+                    let n = match op {
+                        b'B' | b'T' => self.len::<4>()?,
+                        b'C' | b'U' => self.len::<1>()?,
+                        _ => self.len::<8>()?,
+                    };
+                    let bytes = self.take(n)?.to_vec();
+                    self.leaf(PyValue::Bytes(bytes))?
+                }
+                b'S' => {
+                    let line = self.line()?.to_vec();
+                    let quoted = line
+                        .strip_prefix(b"'")
+                        .and_then(|l| l.strip_suffix(b"'"))
+                        .or_else(|| line.strip_prefix(b"\"").and_then(|l| l.strip_suffix(b"\"")))
+                        .ok_or(PickleError::Malformed("STRING", at))?;
+                    self.leaf(PyValue::Bytes(quoted.to_vec()))?
+                }
+                0x97 => {
+                    let index = self.next_buffer;
+                    self.next_buffer += 1;
+                    let v = match self.buffers.get(index) {
+                        Some(b) => PyValue::Bytes(b.clone()),
+                        None => PyValue::Buffer(index),
+                    };
+                    self.leaf(v)?
+                }
+                0x98 => {
+                    // READONLY_BUFFER: no change to a decoded value.
+                    self.top()?;
+                }
+                b']' => self.push(Node::List(Vec::new()))?,
+                b')' => self.push(Node::Tuple(Vec::new()))?,
+                b'}' => self.push(Node::Dict(Vec::new()))?,
+                0x8f => self.push(Node::Set(Vec::new()))?,
+                b'l' => {
+                    let items = self.pop_mark()?;
+                    self.push(Node::List(items))?
+                }
+                b't' => {
+                    let items = self.pop_mark()?;
+                    self.push(Node::Tuple(items))?
+                }
+                0x85..=0x87 => {
+                    let n = usize::from(op - 0x84);
+                    let mut items = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        items.push(self.pop()?);
+                    }
+                    items.reverse();
+                    self.push(Node::Tuple(items))?
+                }
+                b'd' => {
+                    let flat = self.pop_mark()?;
+                    let pairs = self.pairs(&flat)?;
+                    self.push(Node::Dict(pairs))?
+                }
+                0x91 => {
+                    let items = self.pop_mark()?;
+                    self.push(Node::Set(items))?
+                }
+                b'a' => {
+                    let item = self.pop()?;
+                    let list = self.top()?;
+                    self.append(list, vec![item])?
+                }
+                b'e' | 0x90 => {
+                    let items = self.pop_mark()?;
+                    let target = self.top()?;
+                    self.append(target, items)?
+                }
+                b's' => {
+                    let value = self.pop()?;
+                    let key = self.pop()?;
+                    let dict = self.top()?;
+                    self.set_items(dict, vec![key, value])?
+                }
+                b'u' => {
+                    let flat = self.pop_mark()?;
+                    let dict = self.top()?;
+                    self.set_items(dict, flat)?
+                }
+                b'c' => {
+                    let module = self.line()?.to_vec();
+                    let name = self.line()?.to_vec();
+                    let (module, name) = (self.text(&module)?, self.text(&name)?);
+                    self.global(module, name)?
+                }
+                0x93 => {
+                    let name = self.pop()?;
+                    let module = self.pop()?;
+                    let text = |m: &Self, id: usize| match &m.nodes[id] {
+                        Node::Leaf(PyValue::Str(s)) => Ok(s.clone()),
+                        _ => Err(PickleError::Malformed("STACK_GLOBAL of non-strings", at)),
+                    };
+                    let (module, name) = (text(self, module)?, text(self, name)?);
+                    self.global(module, name)?
+                }
+                b'R' | 0x81 => {
+                    let args = self.pop()?;
+                    let callable = self.pop()?;
+                    self.object(callable, args)?
+                }
+                0x92 => {
+                    // NEWOBJ_EX: cls, args, kwargs; kwargs are kept as the state.
+                    let kwargs = self.pop()?;
+                    let args = self.pop()?;
+                    let cls = self.pop()?;
+                    self.object(cls, args)?;
+                    let id = self.top()?;
+                    if let Node::Object { state, .. } = &mut self.nodes[id] {
+                        *state = Some(kwargs);
+                    }
+                }
+                b'o' => {
+                    let mut items = self.pop_mark()?;
+                    if items.is_empty() {
+                        return Err(PickleError::Malformed("OBJ without a class", at));
+                    }
+                    let cls = items.remove(0);
+                    let args = self.node(Node::Tuple(items))?;
+                    self.object(cls, args)?
+                }
+                b'i' => {
+                    let module = self.line()?.to_vec();
+                    let name = self.line()?.to_vec();
+                    let (module, name) = (self.text(&module)?, self.text(&name)?);
+                    let items = self.pop_mark()?;
+                    let cls = self.node(Node::Leaf(PyValue::Global { module, name }))?;
+                    let args = self.node(Node::Tuple(items))?;
+                    self.object(cls, args)?
+                }
+                b'b' => {
+                    let new_state = self.pop()?;
+                    let target = self.top()?;
+                    match &mut self.nodes[target] {
+                        Node::Object { state, .. } => *state = Some(new_state),
+                        _ => return Err(PickleError::Malformed("BUILD on a non-object", at)),
+                    }
+                }
+                b'p' => {
+                    let line = self.line()?;
+                    let key = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or(PickleError::Malformed("PUT", at))?;
+                    self.memo_put(key)?
+                }
+                b'q' => {
+                    let key = self.u8()?.into();
+                    self.memo_put(key)?
+                }
+                b'r' => {
+                    let key = u32::from_le_bytes(self.le()?).into();
+                    self.memo_put(key)?
+                }
+                0x94 => {
+                    let key = self.memo.len() as u64;
+                    self.memo_put(key)?
+                }
+                b'g' => {
+                    let line = self.line()?;
+                    let key = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or(PickleError::Malformed("GET", at))?;
+                    self.memo_get(key)?
+                }
+                b'h' => {
+                    let key = self.u8()?.into();
+                    self.memo_get(key)?
+                }
+                b'j' => {
+                    let key = u32::from_le_bytes(self.le()?).into();
+                    self.memo_get(key)?
+                }
+                b'P' | b'Q' => return Err(PickleError::Unsupported("persistent ids")),
+                0x82..=0x84 => return Err(PickleError::Unsupported("the extension registry")),
+                other => return Err(PickleError::UnknownOpcode(other, at)),
+            }
+        }
+    }
+
+    fn expand(&self, id: usize, depth: usize, budget: &mut usize) -> Result<PyValue, PickleError> {
+        if depth > MAX_DEPTH {
+            return Err(PickleError::TooDeep);
+        }
+        *budget = budget
+            .checked_sub(1)
+            .ok_or(PickleError::TooLarge("expanded result"))?;
+        let many = |ids: &[usize], budget: &mut usize| -> Result<Vec<PyValue>, PickleError> {
+            ids.iter()
+                .map(|&i| self.expand(i, depth + 1, budget))
+                .collect()
+        };
+        let pairs = |ids: &[(usize, usize)], budget: &mut usize| {
+            ids.iter()
+                .map(|&(k, v)| {
+                    Ok((
+                        self.expand(k, depth + 1, budget)?,
+                        self.expand(v, depth + 1, budget)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, PickleError>>()
+        };
+        Ok(match &self.nodes[id] {
+            Node::Leaf(v) => {
+                let size = match v {
+                    PyValue::Str(s) => s.len(),
+                    PyValue::Bytes(b) | PyValue::BigInt(b) => b.len(),
+                    _ => 0,
+                } / 64;
+                *budget = budget
+                    .checked_sub(size)
+                    .ok_or(PickleError::TooLarge("expanded result"))?;
+                v.clone()
+            }
+            Node::List(ids) => PyValue::List(many(ids, budget)?),
+            Node::Tuple(ids) => PyValue::Tuple(many(ids, budget)?),
+            Node::Set(ids) => PyValue::Set(many(ids, budget)?),
+            Node::Dict(ids) => PyValue::Dict(pairs(ids, budget)?),
+            Node::Object {
+                callable,
+                args,
+                state,
+                items,
+                entries,
+            } => PyValue::Object {
+                callable: Box::new(self.expand(*callable, depth + 1, budget)?),
+                args: Box::new(self.expand(*args, depth + 1, budget)?),
+                state: match state {
+                    Some(s) => Some(Box::new(self.expand(*s, depth + 1, budget)?)),
+                    None => None,
+                },
+                items: many(items, budget)?,
+                entries: pairs(entries, budget)?,
+            },
+        })
+    }
+}
+
+/// LONG1/LONG4 payload: little-endian two's complement.
+fn long(bytes: Vec<u8>) -> PyValue {
+    if bytes.is_empty() {
+        return PyValue::Int(0);
+    }
+    if bytes.len() <= 8 {
+        let fill = if bytes[bytes.len() - 1] & 0x80 != 0 {
+            0xff
+        } else {
+            0
+        };
+        let mut wide = [fill; 8];
+        wide[..bytes.len()].copy_from_slice(&bytes);
+        return PyValue::Int(i64::from_le_bytes(wide));
+    }
+    PyValue::BigInt(bytes)
+}
+
+/// Protocol 0 decimal ints; beyond i64 they are kept as two's complement bytes like LONG.
+fn text_int(text: &[u8]) -> Option<PyValue> {
+    let s = std::str::from_utf8(text).ok()?.trim();
+    if let Ok(v) = s.parse::<i64>() {
+        return Some(PyValue::Int(v));
+    }
+    let (negative, digits) = match s.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 4096 {
+        return None;
+    }
+    // Magnitude as little-endian base-256, by repeated multiply-add.
+    let mut mag: Vec<u8> = vec![0];
+    for d in digits.bytes() {
+        let mut carry = u16::from(d - b'0');
+        for byte in mag.iter_mut() {
+            let v = u16::from(*byte) * 10 + carry;
+            *byte = (v & 0xff) as u8;
+            carry = v >> 8;
+        }
+        if carry > 0 {
+            mag.push(carry as u8);
+        }
+    }
+    mag.push(0); // room for the sign bit
+    if negative {
+        let mut carry = 1u16;
+        for byte in mag.iter_mut() {
+            let v = u16::from(!*byte) + carry;
+            *byte = (v & 0xff) as u8;
+            carry = v >> 8;
+        }
+    }
+    Some(PyValue::BigInt(mag))
+}
+
+/// Protocol 0 UNICODE arguments: raw-unicode-escape (`\uXXXX`, `\UXXXXXXXX`, Latin-1 bytes).
+fn raw_unicode_escape(bytes: &[u8]) -> Option<String> {
+    let mut out = String::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 1 < bytes.len() && matches!(bytes[i + 1], b'u' | b'U') {
+            let n = if bytes[i + 1] == b'u' { 4 } else { 8 };
+            let hex = std::str::from_utf8(bytes.get(i + 2..i + 2 + n)?).ok()?;
+            out.push(char::from_u32(u32::from_str_radix(hex, 16).ok()?)?);
+            i += 2 + n;
+        } else {
+            out.push(char::from(bytes[i]));
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// `pickle.dumps(TokenizedGenerateReqInput("abc123", [1, 2, 3, 300, 70000, -5, 2**40],
+    /// {"max_new_tokens": 8, "temperature": 0.0}, True), protocol=P)` of a dataclass in a
+    /// module named sglang.srt.managers.io_struct, by CPython 3.11.
+    const REQ_P2: &str = "80026373676c616e672e7372742e6d616e61676572732e696f5f7374727563740a546f6b656e697a656447656e6572617465526571496e7075740a7100298171017d71022858030000007269647103580600000061626331323371045809000000696e7075745f69647371055d7106284b014b024b034d2c014a701101004afbffffff8a0600000000000165580800000073616d706c696e6771077d710828580e0000006d61785f6e65775f746f6b656e7371094b08580b00000074656d7065726174757265710a47000000000000000075580600000073747265616d710b8875622e";
+    const REQ_P5: &str = "800595c4000000000000008c1d73676c616e672e7372742e6d616e61676572732e696f5f737472756374948c19546f6b656e697a656447656e6572617465526571496e7075749493942981947d94288c03726964948c06616263313233948c09696e7075745f696473945d94284b014b024b034d2c014a701101004afbffffff8a06000000000001658c0873616d706c696e67947d94288c0e6d61785f6e65775f746f6b656e73944b088c0b74656d706572617475726594470000000000000000758c0673747265616d948875622e";
+
+    #[test]
+    fn dataclass_instances_in_protocols_2_and_5() {
+        for hex in [REQ_P2, REQ_P5] {
+            let v = loads(&unhex(hex), &[]).unwrap();
+            let (module, class, fields) = v.instance().expect("an instance");
+            assert_eq!(module, "sglang.srt.managers.io_struct");
+            assert_eq!(class, "TokenizedGenerateReqInput");
+            assert_eq!(fields.get("rid").and_then(PyValue::as_str), Some("abc123"));
+            let ids: Vec<i64> = fields
+                .get("input_ids")
+                .and_then(PyValue::as_seq)
+                .unwrap()
+                .iter()
+                .map(|v| v.as_i64().unwrap())
+                .collect();
+            assert_eq!(ids, [1, 2, 3, 300, 70000, -5, 1 << 40]);
+            let sampling = fields.get("sampling").unwrap();
+            assert_eq!(
+                sampling.get("max_new_tokens").and_then(PyValue::as_i64),
+                Some(8)
+            );
+            assert_eq!(
+                sampling.get("temperature").and_then(PyValue::as_f64),
+                Some(0.0)
+            );
+            assert_eq!(fields.get("stream"), Some(&PyValue::Bool(true)));
+        }
+    }
+
+    #[test]
+    fn shared_and_cyclic_references() {
+        // x = [1, 2]; pickle.dumps([x, x, {"a": x}], protocol=4)
+        let v = loads(
+            &unhex("80049518000000000000005d94285d94284b014b026568017d948c016194680173652e"),
+            &[],
+        )
+        .unwrap();
+        let x = PyValue::List(vec![PyValue::Int(1), PyValue::Int(2)]);
+        assert_eq!(
+            v,
+            PyValue::List(vec![
+                x.clone(),
+                x.clone(),
+                PyValue::Dict(vec![(PyValue::Str("a".into()), x)])
+            ])
+        );
+        // l = []; l.append(l): a cycle is cut, not followed forever.
+        assert_eq!(
+            loads(&unhex("80049506000000000000005d946800612e"), &[]),
+            Err(PickleError::TooDeep)
+        );
+    }
+
+    #[test]
+    fn every_scalar_and_container_kind() {
+        // (None, True, False, 1.5, b"by", bytearray(b"ba"), {1, 2}, frozenset([3]), 2**70,
+        //  -(2**70), "é", (1,), (1, 2), (1, 2, 3), ()), protocol 5
+        let v = loads(&unhex("8005955c00000000000000284e8889473ff800000000000043026279949602000000000000006261948f94284b014b0290284b0391948a090000000000000000408a090000000000000000c08c02c3a9944b0185944b014b0286944b014b024b0387942974942e"), &[]).unwrap();
+        let items = v.as_seq().unwrap();
+        assert_eq!(items[0], PyValue::None);
+        assert_eq!(items[3], PyValue::Float(1.5));
+        assert_eq!(items[4], PyValue::Bytes(b"by".to_vec()));
+        assert_eq!(items[5], PyValue::Bytes(b"ba".to_vec()));
+        assert_eq!(
+            items[6],
+            PyValue::Set(vec![PyValue::Int(1), PyValue::Int(2)])
+        );
+        assert_eq!(items[7], PyValue::Set(vec![PyValue::Int(3)]));
+        assert_eq!(items[8], PyValue::BigInt(unhex("000000000000000040")));
+        assert_eq!(items[9], PyValue::BigInt(unhex("0000000000000000c0")));
+        assert_eq!(items[10], PyValue::Str("é".into()));
+        assert_eq!(items[13].as_seq().unwrap().len(), 3);
+        assert_eq!(items[14], PyValue::Tuple(vec![]));
+    }
+
+    #[test]
+    fn protocol_0_text_opcodes() {
+        // [1, "s", 2.5, None, {"k": (1, 2)}, 2**70], protocol 0
+        let v = loads(&unhex("286c70300a49310a6156730a70310a6146322e350a614e61286470320a566b0a70330a2849310a49320a7470340a73614c313138303539313632303731373431313330333432344c0a612e"), &[]).unwrap();
+        let items = v.as_seq().unwrap();
+        assert_eq!(items[0], PyValue::Int(1));
+        assert_eq!(items[1], PyValue::Str("s".into()));
+        assert_eq!(items[2], PyValue::Float(2.5));
+        assert_eq!(
+            items[4].get("k"),
+            Some(&PyValue::Tuple(vec![PyValue::Int(1), PyValue::Int(2)]))
+        );
+        // 2**70 as two's complement, like LONG1 gives it.
+        assert_eq!(items[5], PyValue::BigInt(unhex("00000000000000004000")));
+    }
+
+    #[test]
+    fn out_of_band_buffers() {
+        // pickle.dumps(PickleBuffer(b"outofband"), protocol=5, buffer_callback=...)
+        let data = unhex("800597982e");
+        assert_eq!(
+            loads(&data, &[b"outofband".to_vec()]),
+            Ok(PyValue::Bytes(b"outofband".to_vec()))
+        );
+        assert_eq!(loads(&data, &[]), Ok(PyValue::Buffer(0)));
+    }
+
+    #[test]
+    fn reconstructors_and_globals_are_data_not_calls() {
+        // msgspec's pickling of a Struct: rebuild(cls, {field: value}), built by hand.
+        let mut p = vec![0x80, 4];
+        let short = |p: &mut Vec<u8>, s: &str| {
+            p.push(0x8c);
+            p.push(s.len() as u8);
+            p.extend_from_slice(s.as_bytes());
+        };
+        short(&mut p, "msgspec._utils");
+        short(&mut p, "rebuild");
+        p.push(0x93);
+        short(&mut p, "sglang.srt.managers.io_struct");
+        short(&mut p, "BatchTokenIDOutput");
+        p.push(0x93);
+        p.extend_from_slice(b"}(");
+        short(&mut p, "rids");
+        p.extend_from_slice(b"]");
+        short(&mut p, "r1");
+        p.extend_from_slice(b"au\x86R.");
+        let v = loads(&p, &[]).unwrap();
+        let (module, class, fields) = v.instance().unwrap();
+        assert_eq!(
+            (module, class),
+            ("sglang.srt.managers.io_struct", "BatchTokenIDOutput")
+        );
+        assert_eq!(
+            fields.get("rids"),
+            Some(&PyValue::List(vec![PyValue::Str("r1".into())]))
+        );
+        // os.system("x") is just a name and an argument.
+        let v = loads(b"cos\nsystem\n(S'x'\ntR.", &[]).unwrap();
+        assert_eq!(
+            v,
+            PyValue::Object {
+                callable: Box::new(PyValue::Global {
+                    module: "os".into(),
+                    name: "system".into()
+                }),
+                args: Box::new(PyValue::Tuple(vec![PyValue::Bytes(b"x".to_vec())])),
+                state: None,
+                items: vec![],
+                entries: vec![],
+            }
+        );
+    }
+
+    #[test]
+    fn hostile_input_is_an_error() {
+        let p5 = unhex(REQ_P5);
+        for cut in 0..p5.len() {
+            assert!(loads(&p5[..cut], &[]).is_err(), "prefix of {cut} bytes");
+        }
+        for bad in [
+            &b"\x80\x05\xff."[..],                    // unknown opcode
+            b"Pid\n.",                                // persistent id
+            b"\x82\x01.",                             // extension registry
+            b"\x80\x06N.",                            // protocol 6
+            b"a.",                                    // APPEND on an empty stack
+            b"N(a.",                                  // APPEND after a mark
+            b"h\x05.",                                // memo key never stored
+            b"X\xff\xff\xff\xffabc.",                 // length beyond the data
+            b"\x8d\xff\xff\xff\xff\xff\xff\xff\x7f.", // huge 8-byte length
+            b"KK\x01b.",                              // BUILD on an int
+            b"}(K\x01u.",                             // odd SETITEMS
+            b"X\x02\x00\x00\x00\xff\xfe.",            // invalid UTF-8
+            b"",
+        ] {
+            assert!(loads(bad, &[]).is_err(), "{bad:?}");
+        }
+        // Doubling a shared list 30 times is a small pickle and an enormous tree.
+        let mut p = vec![0x80, 4, b']', 0x94];
+        for i in 0..30u8 {
+            p.extend_from_slice(&[b'h', i, b'h', i, 0x86, 0x94]);
+        }
+        p.push(b'.');
+        assert_eq!(
+            loads_within(&p, &[], 100_000),
+            Err(PickleError::TooLarge("expanded result"))
+        );
+        // Deep nesting fails cleanly.
+        let mut deep = vec![0x80, 4];
+        deep.extend(std::iter::repeat_n(b']', 10_000));
+        deep.extend(std::iter::repeat_n(b'a', 9_999));
+        deep.push(b'.');
+        assert_eq!(loads(&deep, &[]), Err(PickleError::TooDeep));
+    }
+}
