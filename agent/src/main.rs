@@ -23,7 +23,7 @@ use infertrace::{
     },
     pipeline::{Pipeline, PipelineOptions},
     session::{self, LiveOptions},
-    telemetry::{Clock, metrics::Registry, vllm_metrics, vllm_spans::SpanOptions},
+    telemetry::{Clock, agent_metrics, metrics::Registry, vllm_metrics, vllm_spans::SpanOptions},
 };
 
 /// Zero-code tracing for vLLM and SGLang: attach with eBPF to a running inference server and
@@ -226,7 +226,7 @@ impl OutputArgs {
             exporters.push(Box::new(Otlp::start(
                 &otlp,
                 registry.clone(),
-                &vllm_metrics::ALL,
+                &[&vllm_metrics::ALL[..], &agent_metrics::ALL[..]].concat(),
             )?));
         }
         if let Some(addr) = &self.prometheus {
@@ -364,20 +364,25 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let summary = runtime.block_on(session::run_live(&options, record.as_deref(), |batch| {
-        if let Some(console) = &console {
-            // One write per batch: a busy engine produces thousands of lines a second.
-            let mut text = String::new();
-            for decoded in batch {
-                text.push_str(&console.line(decoded));
-                text.push('\n');
+    let summary = runtime.block_on(session::run_live(
+        &options,
+        record.as_deref(),
+        |batch, so_far| {
+            if let Some(console) = &console {
+                // One write per batch: a busy engine produces thousands of lines a second.
+                let mut text = String::new();
+                for decoded in batch {
+                    text.push_str(&console.line(decoded));
+                    text.push('\n');
+                }
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
             }
-            let mut out = std::io::stdout().lock();
-            let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
-        }
-        pipeline.handle(batch);
-        pipeline.tick(session::monotonic_ns());
-    }))?;
+            pipeline.handle(batch);
+            pipeline.observe_capture(&so_far.kernel, &so_far.flows);
+            pipeline.tick(session::monotonic_ns());
+        },
+    ))?;
     pipeline.finish(session::monotonic_ns());
     let (cpu_s, peak_rss_kib) = own_usage();
     eprintln!(

@@ -2,14 +2,15 @@
 use std::sync::{Arc, Mutex};
 
 use crate::{
+    capture::KernelCounters,
     decode::{
-        flows::Decoded,
+        flows::{Decoded, FlowStats},
         vllm::{SCHEMAS, VllmDecoder, schema_for_version},
     },
     engines::vllm::{TrackerStats, VllmEvent, VllmTracker},
     export::Exporter,
     telemetry::{
-        Clock,
+        Clock, agent_metrics,
         metrics::Registry,
         span::IdGenerator,
         vllm_metrics::VllmMetrics,
@@ -99,6 +100,15 @@ impl Pipeline {
         }
     }
 
+    /// The capture stage's totals so far (for the agent's own metrics).
+    pub fn observe_capture(&mut self, kernel: &KernelCounters, flows: &FlowStats) {
+        agent_metrics::capture(
+            &mut self.registry.lock().expect("registry lock"),
+            kernel,
+            flows,
+        );
+    }
+
     pub fn tracker_stats(&self) -> TrackerStats {
         self.tracker.stats
     }
@@ -146,7 +156,16 @@ impl Pipeline {
     }
 
     fn export_metrics(&mut self, now_ns: u64) {
-        let samples = self.registry.lock().expect("registry lock").snapshot();
+        let samples = {
+            let mut registry = self.registry.lock().expect("registry lock");
+            agent_metrics::tracker(
+                &mut registry,
+                &self.tracker.stats,
+                self.layout_switches(),
+                self.stats.traces,
+            );
+            registry.snapshot()
+        };
         let unix_ns = self.clock.unix_ns(now_ns);
         for exporter in &mut self.exporters {
             exporter.metrics(&samples, unix_ns);
@@ -169,8 +188,8 @@ impl Pipeline {
             }
         }
         drop(registry);
-        for trace in traces {
-            let spans = vllm_spans::spans(&trace, &self.span_options, &self.clock, &mut self.ids);
+        for trace in &traces {
+            let spans = vllm_spans::spans(trace, &self.span_options, &self.clock, &mut self.ids);
             self.stats.traces += 1;
             self.stats.spans += spans.len() as u64;
             for exporter in &mut self.exporters {

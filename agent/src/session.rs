@@ -131,13 +131,14 @@ impl AsRawFd for RingFd {
 
 /// Run a live session: decoded messages go to `sink`, one time-ordered batch per call (so
 /// that an output can write a batch at once; an empty batch on wake-ups that decoded nothing,
-/// so that the sink can act on time passing); with `record`, every event is
+/// so that the sink can act on time passing), with the session's counters so far; with
+/// `record`, every event is
 /// also written to that file. Returns when the duration elapses, on SIGINT/SIGTERM, or when
 /// all attached processes have exited; pending data is flushed first.
 pub async fn run_live(
     options: &LiveOptions,
     record: Option<&Path>,
-    mut sink: impl FnMut(&[Decoded]),
+    mut sink: impl FnMut(&[Decoded], &Summary),
 ) -> anyhow::Result<Summary> {
     let (mut live, initial) = LiveCapture::attach(&options.pids, &options.kernel)?;
     let traced: Vec<String> = initial
@@ -217,7 +218,8 @@ pub async fn run_live(
             // Flows complete in drain order; show each batch's messages in time order.
             batch.sort_by_key(Decoded::start_ns);
             summary.messages += batch.len() as u64;
-            sink(&batch);
+            summary.flows = flows.stats();
+            sink(&batch, &summary);
             if !more {
                 break;
             }
@@ -234,7 +236,8 @@ pub async fn run_live(
     let mut rest = flows.finish(monotonic_ns());
     rest.sort_by_key(Decoded::start_ns);
     summary.messages += rest.len() as u64;
-    sink(&rest);
+    summary.flows = flows.stats();
+    sink(&rest, &summary);
     if let Some(mut w) = recorder {
         w.flush()?;
     }

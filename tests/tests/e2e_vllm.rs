@@ -247,6 +247,8 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
         "gen_ai_vllm_generation_tokens",
         "genai_llm_usage_tokens",
         "vllm_iter_count",
+        "infertrace_captured_syscalls_total",
+        "infertrace_lost_records_total",
     ] {
         assert!(
             scraped.contains(&format!("# TYPE {name} counter")),

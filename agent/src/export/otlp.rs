@@ -144,7 +144,7 @@ impl Otlp {
     pub fn start(
         options: &OtlpOptions,
         registry: Arc<Mutex<Registry>>,
-        metrics: &'static [&'static MetricDef],
+        metrics: &[&'static MetricDef],
     ) -> anyhow::Result<Self> {
         let runner = match options.protocol {
             OtlpProtocol::Grpc => Runner::Tokio(
@@ -234,7 +234,7 @@ fn build_exporters(options: &OtlpOptions) -> anyhow::Result<(SpanExporter, Metri
 fn register_instruments(
     provider: &SdkMeterProvider,
     registry: Arc<Mutex<Registry>>,
-    metrics: &'static [&'static MetricDef],
+    metrics: &[&'static MetricDef],
 ) {
     let meter = provider.meter("infertrace");
     for def in metrics {

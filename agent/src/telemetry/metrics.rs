@@ -64,6 +64,17 @@ impl Registry {
         }
     }
 
+    /// A counter whose running total is known (not its increments): it only ever grows.
+    pub fn set_total(&mut self, def: &MetricDef, dims: Dimensions, total: f64) {
+        debug_assert_eq!(def.kind, Kind::Counter);
+        if let Some(v) = self.slot(def, dims)
+            && total.is_finite()
+            && total > *v
+        {
+            *v = total;
+        }
+    }
+
     pub fn set(&mut self, def: &MetricDef, dims: Dimensions, value: f64) {
         debug_assert_eq!(def.kind, Kind::Gauge);
         if let Some(v) = self.slot(def, dims) {
@@ -141,6 +152,17 @@ mod tests {
         assert_eq!(r.value("c", &[("a", "1"), ("b", "2")]), Some(5.0));
         assert_eq!(r.value("g", &[]), Some(0.25));
         assert_eq!(r.snapshot().len(), 2);
+    }
+
+    #[test]
+    fn totals_only_grow() {
+        let mut r = Registry::default();
+        r.set_total(&C, vec![], 5.0);
+        r.set_total(&C, vec![], 3.0);
+        r.set_total(&C, vec![], f64::NAN);
+        assert_eq!(r.value("c", &[]), Some(5.0));
+        r.set_total(&C, vec![], 7.0);
+        assert_eq!(r.value("c", &[]), Some(7.0));
     }
 
     #[test]

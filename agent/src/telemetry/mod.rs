@@ -1,5 +1,6 @@
 //! Request traces and engine steps -> the spec's spans and metrics (names, attributes, units
 //! and dimensions exactly as the spec writes them). Pure: exporters take it from here.
+pub mod agent_metrics;
 pub mod metrics;
 pub mod span;
 pub mod vllm_metrics;

@@ -1,0 +1,102 @@
+//! infertrace's own counters, exported next to the spec's metrics (`infertrace_*` names, so
+//! they never collide with them): what the kernel side lost, what the decoders had to skip,
+//! and what the vLLM tracker could not use. A dashboard that shows the spec's numbers should
+//! show these too: a gap in a trace is visible here.
+use super::metrics::{Kind, MetricDef, Registry};
+use crate::{capture::KernelCounters, decode::flows::FlowStats, engines::vllm::TrackerStats};
+
+const fn counter(name: &'static str, description: &'static str) -> MetricDef {
+    MetricDef {
+        name,
+        kind: Kind::Counter,
+        unit: "Count",
+        description,
+    }
+}
+
+pub const CAPTURED_SYSCALLS: MetricDef = counter(
+    "infertrace_captured_syscalls_total",
+    "Syscalls whose payload the kernel side copied.",
+);
+pub const LOST_RECORDS: MetricDef = counter(
+    "infertrace_lost_records_total",
+    "Records dropped because the ring buffer was full.",
+);
+pub const TRUNCATED_SYSCALLS: MetricDef = counter(
+    "infertrace_truncated_syscalls_total",
+    "Syscalls larger than --cap-bytes (their end was not copied).",
+);
+pub const UNREADABLE_CHUNKS: MetricDef = counter(
+    "infertrace_unreadable_chunks_total",
+    "Payload chunks the kernel could not read from the process's memory.",
+);
+pub const MAP_FULL: MetricDef = counter(
+    "infertrace_map_full_total",
+    "Kernel map insertions that failed because a map was full.",
+);
+pub const STREAM_GAPS: MetricDef = counter(
+    "infertrace_stream_gaps_total",
+    "Syscalls of a byte stream that were lost or incomplete.",
+);
+pub const UNDECODABLE: MetricDef = counter(
+    "infertrace_vllm_undecodable_messages_total",
+    "vLLM messages that did not decode with any known layout.",
+);
+pub const WITHOUT_ADD: MetricDef = counter(
+    "infertrace_vllm_requests_without_add_total",
+    "Engine requests seen only by their outputs (sent before attach, or their ADD was lost).",
+);
+pub const EVICTED: MetricDef = counter(
+    "infertrace_vllm_requests_evicted_total",
+    "Requests dropped unreported because too many were in flight.",
+);
+pub const LAYOUT_SWITCHES: MetricDef = counter(
+    "infertrace_vllm_layout_switches_total",
+    "Times vLLM messages fitted another version's field table than the detected version's.",
+);
+pub const TRACES: MetricDef = counter(
+    "infertrace_traces_total",
+    "Request traces reported (an API call with its engine requests).",
+);
+
+/// Every agent metric, for exporters that declare instruments up front.
+pub static ALL: [&MetricDef; 11] = [
+    &CAPTURED_SYSCALLS,
+    &LOST_RECORDS,
+    &TRUNCATED_SYSCALLS,
+    &UNREADABLE_CHUNKS,
+    &MAP_FULL,
+    &STREAM_GAPS,
+    &UNDECODABLE,
+    &WITHOUT_ADD,
+    &EVICTED,
+    &LAYOUT_SWITCHES,
+    &TRACES,
+];
+
+/// Totals of the capture stage.
+pub fn capture(r: &mut Registry, kernel: &KernelCounters, flows: &FlowStats) {
+    for (def, value) in [
+        (&CAPTURED_SYSCALLS, kernel.captured_syscalls),
+        (&LOST_RECORDS, kernel.ring_full),
+        (&TRUNCATED_SYSCALLS, kernel.truncated_syscalls),
+        (&UNREADABLE_CHUNKS, kernel.read_failed),
+        (&MAP_FULL, kernel.map_full),
+        (&STREAM_GAPS, flows.gaps),
+    ] {
+        r.set_total(def, Vec::new(), value as f64);
+    }
+}
+
+/// Totals of the vLLM tracker and the pipeline.
+pub fn tracker(r: &mut Registry, stats: &TrackerStats, layout_switches: u64, traces: u64) {
+    for (def, value) in [
+        (&UNDECODABLE, stats.undecodable),
+        (&WITHOUT_ADD, stats.requests_without_add),
+        (&EVICTED, stats.evicted),
+        (&LAYOUT_SWITCHES, layout_switches),
+        (&TRACES, traces),
+    ] {
+        r.set_total(def, Vec::new(), value as f64);
+    }
+}
