@@ -48,9 +48,10 @@ enum Command {
     Record {
         #[command(flatten)]
         capture: CaptureArgs,
-        /// File to write.
-        #[arg(short, long)]
-        output: PathBuf,
+        /// The recording file to write (spans and metrics go where --output says, as with
+        /// attach).
+        #[arg(short = 'o', long = "recording", value_name = "FILE")]
+        recording: PathBuf,
     },
     /// Decode a recording made by `record`, offline (no root needed).
     Replay {
@@ -279,7 +280,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Attach(args) => live(&args, None),
-        Command::Record { capture, output } => live(&capture, Some(output)),
+        Command::Record { capture, recording } => live(&capture, Some(recording)),
         Command::Replay { file, output } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let (header, summary, pipeline) = session::replay_pipeline(
