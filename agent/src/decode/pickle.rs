@@ -107,6 +107,25 @@ impl PyValue {
         }
     }
 
+    /// A sequence of ints: a list or tuple of them, or an `array.array` of an integer type
+    /// (pickled as `array._array_reconstructor(array, typecode, machine format, bytes)`; SGLang
+    /// sends token ids that way).
+    pub fn int_array(&self) -> Option<Vec<i64>> {
+        if let Some(items) = self.as_seq() {
+            return items.iter().map(PyValue::as_i64).collect();
+        }
+        let PyValue::Object { callable, args, .. } = self else {
+            return None;
+        };
+        if global_name(callable) != Some(("array", "_array_reconstructor")) {
+            return None;
+        }
+        let [_, _, format, PyValue::Bytes(bytes)] = args.as_seq()? else {
+            return None;
+        };
+        machine_ints(format.as_i64()?, bytes)
+    }
+
     /// Value of a string key in a dict.
     pub fn get(&self, key: &str) -> Option<&PyValue> {
         match self {
@@ -722,6 +741,47 @@ impl Machine<'_> {
     }
 }
 
+/// Integers of an `array` in one of CPython's machine formats (arraymodule.c
+/// `machine_format_code`: 0/1 unsigned/signed 8-bit, then 16, 32 and 64 bits, each as
+/// unsigned LE, unsigned BE, signed LE, signed BE). None for the float formats and for
+/// unsigned 64-bit values beyond i64.
+fn machine_ints(format: i64, bytes: &[u8]) -> Option<Vec<i64>> {
+    let (width, signed, big_endian) = match format {
+        0 => (1, false, false),
+        1 => (1, true, false),
+        2..=13 => {
+            let k = format - 2;
+            (2usize << (k / 4), k % 4 >= 2, k % 2 == 1)
+        }
+        _ => return None,
+    };
+    if !bytes.len().is_multiple_of(width) {
+        return None;
+    }
+    bytes
+        .chunks_exact(width)
+        .map(|chunk| {
+            let mut wide = [0u8; 8];
+            if big_endian {
+                for (i, b) in chunk.iter().rev().enumerate() {
+                    wide[i] = *b;
+                }
+            } else {
+                wide[..width].copy_from_slice(chunk);
+            }
+            if signed && wide[width - 1] & 0x80 != 0 {
+                wide[width..].fill(0xff);
+            }
+            let v = u64::from_le_bytes(wide);
+            if signed {
+                Some(v as i64)
+            } else {
+                i64::try_from(v).ok()
+            }
+        })
+        .collect()
+}
+
 /// LONG1/LONG4 payload: little-endian two's complement.
 fn long(bytes: Vec<u8>) -> PyValue {
     if bytes.is_empty() {
@@ -959,6 +1019,43 @@ mod tests {
                 items: vec![],
                 entries: vec![],
             }
+        );
+    }
+
+    #[test]
+    fn int_arrays() {
+        // array('q', [3, 326, -1]) as SGLang pickles input_ids.
+        let mut bytes = Vec::new();
+        for v in [3i64, 326, -1] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        let arr = PyValue::Object {
+            callable: Box::new(PyValue::Global {
+                module: "array".into(),
+                name: "_array_reconstructor".into(),
+            }),
+            args: Box::new(PyValue::Tuple(vec![
+                PyValue::Global {
+                    module: "array".into(),
+                    name: "array".into(),
+                },
+                PyValue::Str("q".into()),
+                PyValue::Int(12),
+                PyValue::Bytes(bytes),
+            ])),
+            state: None,
+            items: vec![],
+            entries: vec![],
+        };
+        assert_eq!(arr.int_array(), Some(vec![3, 326, -1]));
+        assert_eq!(machine_ints(5, &[0xff, 0xfe]), Some(vec![-2])); // int16 BE
+        assert_eq!(machine_ints(2, &[0xff, 0xfe]), Some(vec![0xfeff])); // uint16 LE
+        assert_eq!(machine_ints(8, &[1, 0, 0, 0, 2]), None); // ragged
+        assert_eq!(machine_ints(10, &[0xff; 8]), None); // u64 beyond i64
+        assert_eq!(machine_ints(14, &[0; 4]), None); // float
+        assert_eq!(
+            PyValue::List(vec![PyValue::Int(1), PyValue::Int(2)]).int_array(),
+            Some(vec![1, 2])
         );
     }
 
