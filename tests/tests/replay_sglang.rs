@@ -1,0 +1,86 @@
+//! A recording of the real SGLang 0.5.23 CPU server (tiny model, default pickle IPC; see
+//! tests/fixtures/sglang-0.5.23-workload.md) replayed through the decoders: every ZeroMQ
+//! message between the TokenizerManager, the scheduler and the detokenizer must decode with
+//! the restricted pickle decoder into the classes SGLang sends, with consistent contents.
+use std::collections::{BTreeMap, BTreeSet};
+
+use infertrace::{
+    decode::{flows::Decoded, pickle::loads},
+    session,
+};
+use infertrace_tests::fixture;
+
+#[test]
+fn every_pickled_sglang_message_decodes() {
+    let mut classes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut prompt_lengths: BTreeMap<String, usize> = BTreeMap::new();
+    let mut reported: BTreeMap<String, i64> = BTreeMap::new();
+    let mut failures = Vec::new();
+    session::replay(&fixture("sglang-0.5.23-pickle.rec"), |_, d| {
+        // Each message is seen leaving one process and entering another: decode the sends.
+        let Decoded::Zmtp {
+            outgoing: true,
+            message,
+            ..
+        } = d
+        else {
+            return;
+        };
+        let value = match loads(&message.frames[0], &message.frames[1..]) {
+            Ok(v) => v,
+            Err(e) => return failures.push(e.to_string()),
+        };
+        let Some((module, class, fields)) = value.instance() else {
+            return failures.push(format!("not an instance: {value:?}"));
+        };
+        *classes.entry(format!("{module}.{class}")).or_default() += 1;
+        match class {
+            "TokenizedGenerateReqInput" => {
+                let rid = fields
+                    .get("rid")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default();
+                let ids = fields.get("input_ids").and_then(|v| v.int_array());
+                prompt_lengths.insert(rid.to_owned(), ids.map_or(0, |i| i.len()));
+            }
+            "BatchTokenIDOutput" => {
+                let rids = fields
+                    .get("rids")
+                    .and_then(|v| v.as_seq())
+                    .unwrap_or_default();
+                let prompts = fields
+                    .get("prompt_tokens")
+                    .and_then(|v| v.int_array())
+                    .unwrap_or_default();
+                assert_eq!(rids.len(), prompts.len());
+                for (rid, n) in rids.iter().zip(prompts) {
+                    reported.insert(rid.as_str().unwrap_or_default().to_owned(), n);
+                }
+            }
+            _ => {}
+        }
+    })
+    .expect("replay");
+    assert!(failures.is_empty(), "{failures:#?}");
+    let names: BTreeSet<&str> = classes.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            "sglang.srt.managers.io_struct.AbortReq",
+            "sglang.srt.managers.io_struct.BatchStrOutput",
+            "sglang.srt.managers.io_struct.BatchTokenIDOutput",
+            "sglang.srt.managers.io_struct.TokenizedGenerateReqInput",
+        ]),
+        "{classes:?}"
+    );
+    assert!(classes["sglang.srt.managers.io_struct.BatchTokenIDOutput"] > 100);
+    // The prompt the TokenizerManager sent is the prompt the scheduler reports.
+    let mut compared = 0;
+    for (rid, len) in &prompt_lengths {
+        if let Some(&n) = reported.get(rid) {
+            assert_eq!(*len as i64, n, "prompt tokens of {rid}");
+            compared += 1;
+        }
+    }
+    assert!(compared >= 20, "only {compared} requests compared");
+}
