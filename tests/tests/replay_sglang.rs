@@ -84,3 +84,44 @@ fn every_pickled_sglang_message_decodes() {
     }
     assert!(compared >= 20, "only {compared} requests compared");
 }
+
+/// With `SGLANG_USE_PICKLE_IPC=0` the same messages travel as msgpack arrays whose first
+/// element is the class name (msgspec `array_like` structs tagged with their name).
+#[test]
+fn every_msgpack_sglang_message_is_a_tagged_array() {
+    let mut classes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut failures = Vec::new();
+    session::replay(&fixture("sglang-0.5.23-msgpack.rec"), |_, d| {
+        let Decoded::Zmtp {
+            outgoing: true,
+            message,
+            ..
+        } = d
+        else {
+            return;
+        };
+        let mut bytes = message.frames[0].as_slice();
+        match rmpv::decode::read_value_with_max_depth(&mut bytes, 64) {
+            Ok(rmpv::Value::Array(fields)) if bytes.is_empty() => {
+                match fields.first().and_then(rmpv::Value::as_str) {
+                    Some(class) => *classes.entry(class.to_owned()).or_default() += 1,
+                    None => failures.push(format!("untagged array of {}", fields.len())),
+                }
+            }
+            other => failures.push(format!("{:?}", other.map(|v| v.to_string()))),
+        }
+    })
+    .expect("replay");
+    assert!(failures.is_empty(), "{failures:#?}");
+    let names: BTreeSet<&str> = classes.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            "AbortReq",
+            "BatchStrOutput",
+            "BatchTokenIDOutput",
+            "TokenizedGenerateReqInput"
+        ]),
+        "{classes:?}"
+    );
+}
