@@ -16,11 +16,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{
-    bench::number_before,
-    engine::{start_vllm, stop_vllm, vllm_home},
-    root, run,
-};
+use crate::{bench::number_before, engine::Engine, root, run};
 
 const PORT: u16 = 18472;
 
@@ -42,18 +38,18 @@ pub fn bench_vllm(options: &BenchVllmOptions) -> anyhow::Result<()> {
         .args(["build", "--release", "-p", "infertrace"])
         .current_dir(&root))?;
     let agent = root.join("target/release/infertrace");
-    let home = vllm_home();
-    stop_vllm(&home, PORT)?;
+    let home = Engine::Vllm.home();
+    Engine::Vllm.stop(&home, PORT)?;
     // Both configurations send the same prompts (same seed): without prefix caching, so that
     // the second run of a pair does not find the first one's prompts cached.
-    let pid = start_vllm(
+    let pid = Engine::Vllm.start(
         &root,
         &home,
         PORT,
         &["--no-enable-prefix-caching".to_owned()],
     )?;
     let result = measure(&agent, &home, pid, options);
-    stop_vllm(&home, PORT)?;
+    Engine::Vllm.stop(&home, PORT)?;
     result
 }
 

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use crate::{
-    engine::{http, start_vllm, stop_vllm, vllm_home},
+    engine::{Engine, http},
     root, run,
 };
 
@@ -25,8 +25,8 @@ pub fn demo(options: &DemoOptions) -> anyhow::Result<()> {
     run(Command::new("cargo")
         .args(["build", "--release", "-p", "infertrace"])
         .current_dir(&root))?;
-    let home = vllm_home();
-    let api_pid = start_vllm(&root, &home, options.port, &[])?;
+    let home = Engine::Vllm.home();
+    let api_pid = Engine::Vllm.start(&root, &home, options.port, &[])?;
     println!("== vLLM API server pid {api_pid}; attaching infertrace for 25 s");
     let mut agent = Command::new(root.join("target/release/infertrace"))
         .args(["attach", "--pid", &api_pid.to_string(), "--duration", "25"])
@@ -42,7 +42,7 @@ pub fn demo(options: &DemoOptions) -> anyhow::Result<()> {
         );
     } else {
         println!("== stopping vLLM (--keep-engine leaves it running)");
-        stop_vllm(&home, options.port)?;
+        Engine::Vllm.stop(&home, options.port)?;
     }
     result
 }

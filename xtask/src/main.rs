@@ -6,7 +6,7 @@
 //! - `check-ebpf`: fail when the committed object is stale against the eBPF sources.
 //! - `test`: every check CI runs.
 //! - `demo`: the main job, on the real vLLM.
-//! - `engine vllm start|stop|status`: the real vLLM with a tiny model, by hand.
+//! - `engine vllm|sglang start|stop|status`: the real vLLM or SGLang with a tiny model, by hand.
 //! - `bench-capture`: the capture benchmark of BENCHMARKS.md.
 //! - `bench-vllm`: the agent's overhead on the real vLLM (`vllm bench serve`), BENCHMARKS.md.
 mod bench;
@@ -24,6 +24,8 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use clap::{Parser, Subcommand};
+
+use crate::engine::Engine;
 
 #[derive(Parser)]
 #[command(about = "infertrace project tasks")]
@@ -78,8 +80,15 @@ enum Task {
 
 #[derive(Subcommand)]
 enum EngineKind {
-    /// The vLLM CPU build with a tiny local model, in VLLM_HOME (default /var/tmp/infertrace-vllm).
+    /// The vLLM CPU build with a tiny local model, in VLLM_HOME (default /var/tmp/infertrace-vllm);
+    /// default port 8321.
     Vllm {
+        #[command(subcommand)]
+        action: EngineAction,
+    },
+    /// The real SGLang on CPU with a tiny local model, in SGLANG_HOME (default
+    /// /var/tmp/infertrace-sglang); default port 30000.
+    Sglang {
         #[command(subcommand)]
         action: EngineAction,
     },
@@ -87,24 +96,24 @@ enum EngineKind {
 
 #[derive(Subcommand)]
 enum EngineAction {
-    /// Start `vllm serve` in the background (install on first use); prints the API server pid.
+    /// Start the engine in the background (install on first use); prints the API server pid.
     Start {
-        /// Port of the vLLM API server.
-        #[arg(long, default_value_t = 8321)]
-        port: u16,
-        /// Extra `vllm serve` arguments, after `--`.
+        /// Port of the API server (default: vLLM 8321, SGLang 30000).
+        #[arg(long)]
+        port: Option<u16>,
+        /// Extra engine arguments (`vllm serve` / `sglang.launch_server`), after `--`.
         #[arg(last = true)]
         extra: Vec<String>,
     },
     /// SIGTERM the API server, wait up to 30 s for its process tree, then SIGKILL.
     Stop {
-        #[arg(long, default_value_t = 8321)]
-        port: u16,
+        #[arg(long)]
+        port: Option<u16>,
     },
     /// Whether it serves, its processes, arguments and log.
     Status {
-        #[arg(long, default_value_t = 8321)]
-        port: u16,
+        #[arg(long)]
+        port: Option<u16>,
     },
 }
 
@@ -120,18 +129,22 @@ fn main() -> anyhow::Result<()> {
         }
         Task::BenchLoad { count, size } => bench::bench_load(count, size),
         Task::Demo { port, keep_engine } => demo::demo(&demo::DemoOptions { port, keep_engine }),
-        Task::Engine {
-            engine: EngineKind::Vllm { action },
-        } => {
-            let home = engine::vllm_home();
+        Task::Engine { engine } => {
+            let (engine, action) = match engine {
+                EngineKind::Vllm { action } => (Engine::Vllm, action),
+                EngineKind::Sglang { action } => (Engine::Sglang, action),
+            };
+            let home = engine.home();
+            let port = |port: Option<u16>| port.unwrap_or(engine.default_port());
             match action {
-                EngineAction::Start { port, extra } => {
-                    let pid = engine::start_vllm(&root(), &home, port, &extra)?;
-                    println!("vLLM API server pid {pid} on port {port}");
+                EngineAction::Start { port: p, extra } => {
+                    let port = port(p);
+                    let pid = engine.start(&root(), &home, port, &extra)?;
+                    println!("{} API server pid {pid} on port {port}", engine.title());
                     Ok(())
                 }
-                EngineAction::Stop { port } => engine::stop_vllm(&home, port),
-                EngineAction::Status { port } => engine::status_vllm(&home, port),
+                EngineAction::Stop { port: p } => engine.stop(&home, port(p)),
+                EngineAction::Status { port: p } => engine.status(&home, port(p)),
             }
         }
     }
