@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use infertrace::{
     capture::kernel::KernelOptions,
-    discover::engine,
+    discover::engine::{self, Engine},
     doctor,
     export::{
         Exporter,
@@ -199,6 +199,7 @@ impl OutputArgs {
     fn pipeline(
         &self,
         clock: Clock,
+        engine: Option<Engine>,
         engine_version: Option<String>,
         served_model: Option<String>,
     ) -> anyhow::Result<Pipeline> {
@@ -213,6 +214,7 @@ impl OutputArgs {
             },
             metrics_interval_ns: (self.metrics_interval * 1e9) as u64,
             vllm_version: engine_version,
+            engine,
         };
         let registry = Arc::new(Mutex::new(Registry::default()));
         let mut exporters = self.exporters()?;
@@ -255,6 +257,7 @@ impl CaptureArgs {
             duration,
             engine_version: None,
             served_model: None,
+            engine: None,
         })
     }
 }
@@ -289,8 +292,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     let clock = Clock {
                         realtime_minus_monotonic_ns: header.realtime_minus_monotonic_ns,
                     };
+                    // Recordings made before the header kept the engine: tell it from the
+                    // process titles SGLang sets (`sglang::scheduler`, ...).
+                    let engine = header.engine.clone().or_else(|| {
+                        header
+                            .processes
+                            .iter()
+                            .any(|p| p.comm.starts_with("sglang::"))
+                            .then_some(Engine::Sglang)
+                    });
                     output.pipeline(
                         clock,
+                        engine,
                         header.engine_version.clone(),
                         header.served_model.clone(),
                     )
@@ -337,6 +350,7 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
         }
         match engine::identify(pid) {
             Some(found) => {
+                options.engine = options.engine.take().or(Some(found.engine));
                 options.engine_version = options.engine_version.take().or(found.version);
                 options.served_model = options
                     .served_model
@@ -359,6 +373,7 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
         .then(|| Console::new(clock.realtime_minus_monotonic_ns));
     let mut pipeline = args.output.pipeline(
         clock,
+        options.engine.clone(),
         options.engine_version.clone(),
         options.served_model.clone(),
     )?;

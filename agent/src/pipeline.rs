@@ -7,6 +7,7 @@ use crate::{
         flows::{Decoded, FlowStats},
         vllm::{SCHEMAS, VllmDecoder, schema_for_version},
     },
+    discover::engine::Engine,
     engines::vllm::{TrackerStats, VllmEvent, VllmTracker},
     export::Exporter,
     telemetry::{
@@ -25,6 +26,9 @@ pub struct PipelineOptions {
     pub metrics_interval_ns: u64,
     /// The engine's installed version (from discovery), which picks the wire layout.
     pub vllm_version: Option<String>,
+    /// The traced engine, when discovery knows it. Only vLLM is reconstructed today: for
+    /// SGLang the pipeline produces no spans (and says so) rather than misread its messages.
+    pub engine: Option<Engine>,
 }
 
 /// What the pipeline produced.
@@ -36,6 +40,8 @@ pub struct PipelineStats {
 
 pub struct Pipeline {
     tracker: VllmTracker,
+    /// False when the traced engine is not vLLM.
+    reconstruct: bool,
     span_options: SpanOptions,
     clock: Clock,
     ids: IdGenerator,
@@ -83,8 +89,23 @@ impl Pipeline {
         registry: Arc<Mutex<Registry>>,
         exporters: Vec<Box<dyn Exporter>>,
     ) -> Self {
+        let reconstruct = options.engine.as_ref().is_none_or(|e| *e == Engine::Vllm);
+        if !reconstruct {
+            tracing::warn!(
+                "SGLang: only the API calls' entry spans are produced yet (engine spans and \
+                 metrics are vLLM only today); `--messages` shows its decoded traffic"
+            );
+        }
+        let version = reconstruct
+            .then_some(options.vllm_version.as_deref())
+            .flatten();
         Self {
-            tracker: VllmTracker::new(decoder_for(options.vllm_version.as_deref())),
+            tracker: VllmTracker::new(if reconstruct {
+                decoder_for(version)
+            } else {
+                VllmDecoder::new(SCHEMAS[SCHEMAS.len() - 1])
+            }),
+            reconstruct,
             metrics: VllmMetrics {
                 model_name: options.spans.default_model.clone(),
             },
@@ -122,7 +143,11 @@ impl Pipeline {
     pub fn handle(&mut self, batch: &[Decoded]) {
         let mut events = std::mem::take(&mut self.events);
         for decoded in batch {
-            self.tracker.feed(decoded, &mut events);
+            // The API calls are engine-neutral (entry spans for any OpenAI-compatible
+            // server); the ZeroMQ messages are vLLM's own.
+            if self.reconstruct || matches!(decoded, Decoded::Http { .. }) {
+                self.tracker.feed(decoded, &mut events);
+            }
         }
         self.emit(&mut events);
         self.events = events;

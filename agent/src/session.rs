@@ -37,6 +37,7 @@ pub struct LiveOptions {
     /// What discovery found about the engine, kept in recordings.
     pub engine_version: Option<String>,
     pub served_model: Option<String>,
+    pub engine: Option<crate::discover::engine::Engine>,
 }
 
 /// What a session saw, printed when it ends.
@@ -170,6 +171,7 @@ pub async fn run_live(
                     .collect(),
                 engine_version: options.engine_version.clone(),
                 served_model: options.served_model.clone(),
+                engine: options.engine.clone(),
             };
             let file =
                 File::create(path).with_context(|| format!("creating {}", path.display()))?;

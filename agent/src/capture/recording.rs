@@ -35,6 +35,9 @@ pub struct Header {
     pub engine_version: Option<String>,
     #[serde(default)]
     pub served_model: Option<String>,
+    /// The traced engine (absent in older recordings: vLLM).
+    #[serde(default)]
+    pub engine: Option<crate::discover::engine::Engine>,
 }
 
 /// Non-kernel events, as stored.
@@ -200,6 +203,7 @@ mod tests {
             processes: vec![],
             engine_version: Some("0.32.0".into()),
             served_model: None,
+            engine: None,
         }
     }
 

@@ -209,7 +209,7 @@ fn metrics_summary(line: &mut String, samples: &[Sample]) {
             .iter()
             .filter(|s| s.name == name)
             .map(|s| s.value)
-            .sum()
+            .fold(0.0, |a, b| a + b)
     };
     for (label, name) in [
         ("requests", "gen_ai_vllm_request_success"),
