@@ -303,9 +303,31 @@ pub fn compare(
         .count();
     let no_response = requests.iter().filter(|q| q["status"].is_null()).count();
     if our_errors != client_errors + no_response {
+        // Say which, so that a failure in CI can be diagnosed from its log alone.
+        let ours: Vec<String> = entries
+            .iter()
+            .filter(|e| e["attributes"]["gen_ai.response.id"].is_null())
+            .map(|e| {
+                format!(
+                    "{} at {} ({})",
+                    e["name"], e["start_time_unix_nano"], e["error"]
+                )
+            })
+            .collect();
+        let theirs: Vec<String> = requests
+            .iter()
+            .filter(|q| q["status"].as_u64().is_none_or(|s| s >= 400))
+            .map(|q| {
+                format!(
+                    "{} {} {} at {}",
+                    q["idx"], q["endpoint"], q["status"], q["t_start"]
+                )
+            })
+            .collect();
         r.fail(format!(
             "{our_errors} entry spans without a response id; the client had {client_errors} \
-             errors and {no_response} requests without a response"
+             errors and {no_response} requests without a response\n  ours: {ours:#?}\n  \
+             client: {theirs:#?}"
         ));
     }
     for s in &llm {
