@@ -79,7 +79,7 @@ impl std::fmt::Display for Summary {
             "{} records ({} B of payload); decoded {} messages from {} syscalls ({} B); lost: {} \
              ring-full records, {} truncated syscalls ({} B past the cap), {} unreadable chunks, \
              {} map-full; {} stream gaps, {} late records, {} bad records; {} fds closed \
-             before classification (decoded by content)",
+             before classification (decoded by content); {} B of fds found uninteresting",
             self.records,
             self.payload_bytes,
             self.messages,
@@ -93,7 +93,8 @@ impl std::fmt::Display for Summary {
             s.gaps,
             s.late_records,
             self.bad_records,
-            self.vanished_fds
+            self.vanished_fds,
+            s.ignored_bytes
         )
     }
 }

@@ -109,7 +109,9 @@ pub struct ProcRecord {
 pub struct NewFdRecord {
     pub header: RecordHeader,
     pub fd: u32,
-    pub _pad: u32,
+    /// NEW_FD: the incarnation of this fd number (see [`FdState::generation`]); 0 in CLOSE
+    /// records and in recordings made before it existed.
+    pub generation: u32,
 }
 
 /// Header of an IO record; `len` payload bytes follow it in the same record.
@@ -174,13 +176,26 @@ pub struct FdKey {
     pub fd: u32,
 }
 
+/// Value of the `FD_DECISION` map: an [`fd_action`] for one incarnation of an fd.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdDecision {
+    pub action: u8,
+    pub _pad: [u8; 3],
+    pub generation: u32,
+}
+
 /// Value of the `FD_CLASS` map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FdState {
     /// One of [`fd_action`].
     pub action: u8,
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 3],
+    /// Which incarnation of the fd number this is (never 0): userspace's decision for a
+    /// PENDING fd carries it, so that a decision made after the fd was closed and its number
+    /// reused is not applied to the new file or connection.
+    pub generation: u32,
     /// Next sequence number per direction (index: [`direction`]).
     pub seq: [u64; 2],
 }
@@ -209,5 +224,6 @@ mod pod {
     // SAFETY: plain repr(C) structs of integers with explicit padding.
     unsafe impl aya::Pod for super::FdKey {}
     unsafe impl aya::Pod for super::FdState {}
+    unsafe impl aya::Pod for super::FdDecision {}
     unsafe impl aya::Pod for super::Config {}
 }

@@ -141,11 +141,15 @@ fn on_enter(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) 
 }
 
 /// The fd's action, after taking userspace's decision for a PENDING fd if one is waiting.
+/// A decision about an earlier incarnation of the fd number (made after it was closed and
+/// the number reused) is dropped, not applied to this one.
 fn apply_decision(state: &mut FdState, key: &FdKey) -> u8 {
     if state.action == fd_action::PENDING {
         // SAFETY: the value is copied out immediately.
         if let Some(&decision) = unsafe { FD_DECISION.get(key) } {
-            state.action = decision;
+            if decision.generation == state.generation {
+                state.action = decision.action;
+            }
             let _ = FD_DECISION.remove(key);
         }
     }
@@ -154,8 +158,13 @@ fn apply_decision(state: &mut FdState, key: &FdKey) -> u8 {
 
 /// Mark the fd PENDING (so it is reported once) and tell userspace about it.
 fn report_new_fd(tgid: u32, fd: u32, key: FdKey) {
+    // The clock's low bits tell incarnations of one fd number apart (never 0: the value of
+    // records without one).
+    // SAFETY: helper without preconditions.
+    let generation = (unsafe { bpf_ktime_get_ns() } as u32) | 1;
     let pending = FdState {
         action: fd_action::PENDING,
+        generation,
         ..FdState::default()
     };
     // BPF_NOEXIST: another thread may have reported it a moment ago.
@@ -165,7 +174,7 @@ fn report_new_fd(tgid: u32, fd: u32, key: FdKey) {
     let record = NewFdRecord {
         header: header(kind::NEW_FD, tgid),
         fd,
-        _pad: 0,
+        generation,
     };
     if EVENTS
         .output::<NewFdRecord>(&record, wakeup_flags(config().wakeup_watermark))
@@ -479,7 +488,7 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
         let record = NewFdRecord {
             header: header(kind::CLOSE, tgid),
             fd: fd as u32,
-            _pad: 0,
+            generation: 0,
         };
         if EVENTS
             .output::<NewFdRecord>(&record, wakeup_flags(config().wakeup_watermark))

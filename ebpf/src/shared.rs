@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use infertrace_common::{Config, FdKey, FdState};
+use infertrace_common::{Config, FdDecision, FdKey, FdState};
 
 /// All records to userspace. Userspace sets the real size at load time.
 #[map]
@@ -22,7 +22,7 @@ pub static FD_CLASS: HashMap<FdKey, FdState> = HashMap::with_max_entries(65536, 
 /// Userspace's decisions for PENDING fds (tgid, fd) -> `fd_action`. The kernel moves a
 /// decision into `FD_CLASS` itself, so that userspace never overwrites the sequence numbers.
 #[map]
-pub static FD_DECISION: HashMap<FdKey, u8> = HashMap::with_max_entries(16384, 0);
+pub static FD_DECISION: HashMap<FdKey, FdDecision> = HashMap::with_max_entries(16384, 0);
 
 /// Per-CPU counters of lost and truncated data (indices: `infertrace_common::counter`).
 #[map]

@@ -10,7 +10,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::TracePoint,
 };
-use infertrace_common::{Config, FdKey, FdState, counter, fd_action};
+use infertrace_common::{Config, FdDecision, FdKey, FdState, counter, fd_action};
 
 /// The committed, debug-stripped eBPF object (rebuilt by `cargo xtask build-ebpf`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../../../ebpf/prebuilt/infertrace.bpf.o");
@@ -74,7 +74,7 @@ pub struct KernelCapture {
     ring: RingBuf<MapData>,
     tracked: HashMap<MapData, u32, u8>,
     fd_class: HashMap<MapData, FdKey, FdState>,
-    fd_decision: HashMap<MapData, FdKey, u8>,
+    fd_decision: HashMap<MapData, FdKey, FdDecision>,
     counters: PerCpuArray<MapData, u64>,
 }
 
@@ -147,14 +147,25 @@ impl KernelCapture {
 
     /// Tell the kernel whether to copy an fd's payloads. The kernel applies the decision on
     /// the fd's next syscall (it owns the fd's state, sequence numbers included).
-    pub fn classify(&mut self, tgid: u32, fd: u32, capture: bool) -> anyhow::Result<()> {
+    pub fn classify(
+        &mut self,
+        tgid: u32,
+        fd: u32,
+        generation: u32,
+        capture: bool,
+    ) -> anyhow::Result<()> {
         let action = if capture {
             fd_action::CAPTURE
         } else {
             fd_action::IGNORE
         };
+        let decision = FdDecision {
+            action,
+            _pad: [0; 3],
+            generation,
+        };
         self.fd_decision
-            .insert(FdKey { tgid, fd }, action, 0)
+            .insert(FdKey { tgid, fd }, decision, 0)
             .with_context(|| format!("classifying fd {fd} of pid {tgid}"))
     }
 

@@ -96,11 +96,18 @@ impl LiveCapture {
     /// Side effects a record asks for: classify a new fd, drop threads, forget exited processes.
     fn react(&mut self, record: &Record, out: &mut Vec<CaptureEvent>) {
         match record {
-            Record::NewFd { header, fd } => {
+            Record::NewFd {
+                header,
+                fd,
+                generation,
+            } => {
                 let tgid = header.tgid;
                 match sockets::classify(tgid, *fd) {
                     Some(kind) => {
-                        if let Err(e) = self.kernel.classify(tgid, *fd, kind.capture()) {
+                        // What /proc shows may already be a later incarnation of the fd
+                        // number: the generation makes the kernel drop the decision then.
+                        let decision = kind.capture();
+                        if let Err(e) = self.kernel.classify(tgid, *fd, *generation, decision) {
                             tracing::warn!("{e:#}");
                         }
                         out.push(CaptureEvent::Fd {

@@ -23,6 +23,8 @@ pub enum Record {
     NewFd {
         header: RecordHeader,
         fd: u32,
+        /// The fd's incarnation, to answer with (0 in old recordings).
+        generation: u32,
     },
     Close {
         header: RecordHeader,
@@ -77,10 +79,14 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
             })
         }
         kind::EXIT => Ok(Record::Exit { header }),
-        kind::NEW_FD => Ok(Record::NewFd {
-            header,
-            fd: read::<NewFdRecord>(bytes)?.fd,
-        }),
+        kind::NEW_FD => {
+            let r: NewFdRecord = read(bytes)?;
+            Ok(Record::NewFd {
+                header,
+                fd: r.fd,
+                generation: r.generation,
+            })
+        }
         kind::CLOSE => Ok(Record::Close {
             header,
             fd: read::<NewFdRecord>(bytes)?.fd,
@@ -153,10 +159,19 @@ pub fn encode(record: &Record) -> Vec<u8> {
         } => proc(header, *child, comm),
         Record::Exec { header, comm } => proc(header, header.tgid, comm),
         Record::Exit { header } => proc(header, header.tgid, ""),
-        Record::NewFd { header, fd } | Record::Close { header, fd } => bytes_of(&NewFdRecord {
+        Record::NewFd {
+            header,
+            fd,
+            generation,
+        } => bytes_of(&NewFdRecord {
             header: *header,
             fd: *fd,
-            _pad: 0,
+            generation: *generation,
+        }),
+        Record::Close { header, fd } => bytes_of(&NewFdRecord {
+            header: *header,
+            fd: *fd,
+            generation: 0,
         }),
         Record::Io { io, payload } => {
             let mut out = bytes_of(io);
@@ -234,6 +249,7 @@ mod tests {
                     ..header
                 },
                 fd: 7,
+                generation: 9,
             },
             Record::Close {
                 header: RecordHeader {

@@ -66,9 +66,10 @@ pub fn classify(pid: u32, fd: u32) -> Option<FdKind> {
     if let Some(path) = unix_stream_path(&unix, inode) {
         return Some(FdKind::Unix { path });
     }
-    Some(FdKind::Other {
-        what: format!("socket inode {inode} (not TCP nor a unix stream)"),
-    })
+    // Not (or no longer) in the TCP and unix tables: most often a connection torn down between
+    // the kernel's report and this look-up, or a later connection on the same fd number. Its
+    // bytes are decoded by their content rather than dropped.
+    Some(FdKind::Vanished)
 }
 
 /// Ports the process has a listening TCP socket on (its own fds only).
