@@ -11,6 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use super::join::{ApiExchange, EngineRequestInfo, Joiner, Outcome};
 use crate::decode::{
     flows::Decoded,
+    openai::ApiCall,
     vllm::{
         EngineOutputs, EngineRequest, EventKind, FinishReason, InputMessage, PdRole, RequestOutput,
         Sampling, SchedulerStats, VllmDecoder,
@@ -228,6 +229,18 @@ pub struct StepReport {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
     pub preemptions: u64,
+}
+
+/// Input and output tokens of an API call: its `usage`, else what the engine counted (a
+/// streamed response without `include_usage` carries none). The prompt counts once for n>1.
+pub fn api_tokens(call: &ApiCall, engine: &[EngineTimeline]) -> (Option<u64>, Option<u64>) {
+    let engine_input = engine.iter().find_map(|e| e.prompt_tokens);
+    let engine_output =
+        (!engine.is_empty()).then(|| engine.iter().map(|e| e.completion_tokens).sum());
+    (
+        call.usage.input.or(engine_input),
+        call.usage.output.or(engine_output),
+    )
 }
 
 /// A finished request: the API call (when seen) and the engine requests it made.

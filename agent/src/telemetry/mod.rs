@@ -24,6 +24,13 @@ impl Clock {
         to_u64((seconds * 1e9).round() as i128 + self.realtime_minus_monotonic_ns)
     }
 
+    /// Nanoseconds from a wall-clock instant in seconds (vLLM's `arrival_time`) to a capture
+    /// time; 0 when the capture time is earlier.
+    pub fn ns_since_wall_secs(&self, wall_secs: f64, monotonic_ns: u64) -> u64 {
+        self.unix_ns(monotonic_ns)
+            .saturating_sub(self.unix_ns_of_wall_secs(wall_secs))
+    }
+
     /// A wall-clock time in seconds (`time.time()`).
     pub fn unix_ns_of_wall_secs(&self, seconds: f64) -> u64 {
         to_u64((seconds * 1e9).round() as i128)

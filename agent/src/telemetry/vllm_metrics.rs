@@ -9,7 +9,7 @@ use super::{
 };
 use crate::engines::{
     join::ApiExchange,
-    vllm::{EngineTimeline, RequestTrace, StepReport},
+    vllm::{EngineTimeline, RequestTrace, StepReport, api_tokens},
 };
 
 const fn counter(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
@@ -224,14 +224,7 @@ impl VllmMetrics {
             .clone()
             .or_else(|| self.model_name.clone())
             .unwrap_or_else(|| "unknown".into());
-        let input = api
-            .call
-            .usage
-            .input
-            .or_else(|| engine.iter().find_map(|e| e.prompt_tokens));
-        let output = api.call.usage.output.or_else(|| {
-            (!engine.is_empty()).then(|| engine.iter().map(|e| e.completion_tokens).sum())
-        });
+        let (input, output) = api_tokens(&api.call, engine);
         for (usage_type, count) in [("input", input), ("output", output)] {
             let Some(count) = count else { continue };
             let dims = vec![
@@ -260,8 +253,7 @@ impl VllmMetrics {
                 r.add(&PARAMS_MAX_TOKENS, dims.clone(), max as f64);
             }
         }
-        let arrival = clock.unix_ns_of_wall_secs(t.arrival_time);
-        let since_arrival = |mono: u64| clock.unix_ns(mono).saturating_sub(arrival) as f64 / 1e9;
+        let since_arrival = |mono: u64| clock.ns_since_wall_secs(t.arrival_time, mono) as f64 / 1e9;
         if let Some(first) = t.first_output_ns {
             r.add(&FIRST_TOKEN_SECONDS, dims.clone(), since_arrival(first));
         }

@@ -16,10 +16,10 @@ use super::{
     span::{AttrValue, Attributes, IdGenerator, Span, SpanEvent, parse_traceparent},
 };
 use crate::{
-    decode::{openai::ApiCall, vllm::PdRole},
+    decode::vllm::PdRole,
     engines::{
         join::ApiExchange,
-        vllm::{EngineTimeline, RequestTrace, StepKind},
+        vllm::{EngineTimeline, RequestTrace, StepKind, api_tokens},
     },
 };
 
@@ -139,7 +139,7 @@ fn entry_span(
             AttrValue::StrArray(call.finish_reasons.clone()),
         ));
     }
-    let (input, output) = usage(call, engine);
+    let (input, output) = api_tokens(call, engine);
     push_opt(&mut a, "gen_ai.usage.input_tokens", input);
     push_opt(&mut a, "gen_ai.usage.output_tokens", output);
     let total = call.usage.total.or(input.zip(output).map(|(i, o)| i + o));
@@ -180,18 +180,6 @@ fn entry_span(
         events: Vec::new(),
         error,
     }
-}
-
-/// Input and output tokens: the API's `usage`, else what the engine counted (a streamed
-/// response without `include_usage` carries none). The prompt is counted once for n>1.
-fn usage(call: &ApiCall, engine: &[EngineTimeline]) -> (Option<u64>, Option<u64>) {
-    let engine_input = engine.iter().find_map(|e| e.prompt_tokens);
-    let engine_output =
-        (!engine.is_empty()).then(|| engine.iter().map(|e| e.completion_tokens).sum());
-    (
-        call.usage.input.or(engine_input),
-        call.usage.output.or(engine_output),
-    )
 }
 
 fn push_opt<T: Into<AttrValue>>(a: &mut Attributes, key: &'static str, value: Option<T>) {
@@ -242,7 +230,6 @@ fn engine_spans(
     if t.finished_ns.is_some() {
         a.push(("gen_ai.latency.e2e", (end - arrival).into()));
     }
-    let since_arrival = |mono_ns: u64| clock.unix_ns(mono_ns).saturating_sub(arrival);
     let engine_events = t.has_engine_events();
     if engine_events {
         let (queued, scheduled) = (t.queued.unwrap_or(0.0), t.scheduled.unwrap_or(0.0));
@@ -275,7 +262,7 @@ fn engine_spans(
     if let Some(first) = t.first_output_ns {
         a.push((
             "gen_ai.latency.time_to_first_token",
-            since_arrival(first).into(),
+            clock.ns_since_wall_secs(t.arrival_time, first).into(),
         ));
     }
     if let Some(api) = api {
@@ -435,7 +422,7 @@ mod tests {
 
     use crate::{
         decode::{
-            openai::{Operation, Usage},
+            openai::{ApiCall, Operation, Usage},
             vllm::{FinishReason, Sampling},
         },
         engines::vllm::RequestStep,
