@@ -18,7 +18,8 @@ pub const ENGINE_TOLERANCE_S: f64 = 0.05e-3;
 pub const FRONTEND_P50_S: f64 = 1e-3;
 pub const FRONTEND_P95_S: f64 = 5e-3;
 
-fn lines(path: &Path) -> Vec<Value> {
+/// Every JSON line of a file (infertrace's JSONL output, the OTLP receiver's output).
+pub fn json_lines(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
         .lines()
@@ -87,9 +88,9 @@ pub fn compare(
     metrics_before: &str,
     metrics_after: &str,
 ) -> Report {
-    let ours = lines(ours_jsonl);
+    let ours = json_lines(ours_jsonl);
     let spans: Vec<&Value> = ours.iter().filter(|v| v["type"] == "span").collect();
-    let truth: Vec<Value> = lines(vllm_otlp_jsonl)
+    let truth: Vec<Value> = json_lines(vllm_otlp_jsonl)
         .into_iter()
         .filter(|s| s["name"] == "llm_request")
         .collect();

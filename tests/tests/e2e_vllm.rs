@@ -293,11 +293,9 @@ fn vllm_without_log_stats_marks_what_it_could_not_measure() {
     workload(&client, &["--quick"]);
     std::thread::sleep(Duration::from_secs(2));
     let stderr = stop(agent);
-    let spans: Vec<serde_json::Value> = std::fs::read_to_string(&ours)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|v: &serde_json::Value| v["name"] == "llm_request")
+    let spans: Vec<serde_json::Value> = vllm_truth::json_lines(&ours)
+        .into_iter()
+        .filter(|v| v["name"] == "llm_request")
         .collect();
     assert!(
         spans.len() >= 10,
@@ -397,11 +395,9 @@ fn vllm_embeddings_and_rerank() {
     }
     std::thread::sleep(Duration::from_secs(2));
     let stderr = stop(agent);
-    let spans: Vec<serde_json::Value> = std::fs::read_to_string(&ours)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|v: &serde_json::Value| v["type"] == "span")
+    let spans: Vec<serde_json::Value> = vllm_truth::json_lines(&ours)
+        .into_iter()
+        .filter(|v| v["type"] == "span")
         .collect();
     for ((path, _, inputs), answer) in calls.iter().zip(&answers) {
         let id = answer["id"].as_str().expect("response id");
