@@ -413,10 +413,12 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
 fn results(pipeline: &Pipeline) -> String {
     let s = pipeline.stats;
     let t = pipeline.tracker_stats();
+    let h = pipeline.handoff_stats();
     format!(
         "; {} requests traced ({} spans); vLLM: {} requests sent to the engine, {} engine steps, \
          {} undecodable messages, {} requests sent before attach (or whose ADD was lost), {} \
-         requests unfinished at the end, {} dropped (too many in flight), {} layout switches",
+         requests unfinished at the end, {} dropped (too many in flight), {} layout switches; \
+         engine outputs timed at the event loop's take-over: {}, at their arrival: {}",
         s.traces,
         s.spans,
         t.adds,
@@ -425,7 +427,9 @@ fn results(pipeline: &Pipeline) -> String {
         t.requests_without_add,
         t.unfinished_at_end,
         t.evicted,
-        pipeline.layout_switches()
+        pipeline.layout_switches(),
+        h.taken_over,
+        h.at_arrival
     )
 }
 

@@ -8,7 +8,10 @@ use crate::{
         vllm::{SCHEMAS, VllmDecoder, schema_for_version},
     },
     discover::engine::Engine,
-    engines::vllm::{TrackerStats, VllmEvent, VllmTracker},
+    engines::{
+        handoff::HandoffStats,
+        vllm::{TrackerStats, VllmEvent, VllmTracker},
+    },
     export::Exporter,
     telemetry::{
         Clock, agent_metrics,
@@ -134,6 +137,11 @@ impl Pipeline {
         self.tracker.stats
     }
 
+    /// How the frontend instants (first token, end) were found.
+    pub fn handoff_stats(&self) -> HandoffStats {
+        self.tracker.handoff_stats()
+    }
+
     /// Layout switches of the vLLM decoder (messages that fitted another version's table).
     pub fn layout_switches(&self) -> u64 {
         self.tracker.decoder().layout_switches
@@ -186,6 +194,7 @@ impl Pipeline {
             agent_metrics::tracker(
                 &mut registry,
                 &self.tracker.stats,
+                &self.tracker.handoff_stats(),
                 self.layout_switches(),
                 self.stats.traces,
             );

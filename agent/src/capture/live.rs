@@ -8,7 +8,11 @@ use super::{
     kernel::{KernelCapture, KernelOptions},
     records,
 };
-use crate::discover::{procfs, sockets, sockets::FdKind};
+use crate::discover::{
+    engine::{self, Role},
+    procfs, sockets,
+    sockets::FdKind,
+};
 
 /// Records read from the ring buffer before their /proc look-ups are done.
 const BATCH: usize = 1024;
@@ -103,7 +107,12 @@ impl LiveCapture {
             } => {
                 let tgid = header.tgid;
                 match sockets::classify(tgid, *fd) {
-                    Some(kind) => {
+                    Some(mut kind) => {
+                        // Asked per eventfd, not per process: a forked child shares its
+                        // parent's title until it sets its own, and eventfds are few.
+                        if let FdKind::Eventfd { watched } = &mut kind {
+                            *watched = is_api_server(tgid);
+                        }
                         // What /proc shows may already be a later incarnation of the fd
                         // number: the generation makes the kernel drop the decision then.
                         let decision = kind.capture();
@@ -153,6 +162,11 @@ impl LiveCapture {
     pub fn ring_fd(&self) -> i32 {
         self.kernel.ring_fd()
     }
+}
+
+/// An API server's eventfds are libzmq's mailboxes of the sockets its event loop reads.
+fn is_api_server(pid: u32) -> bool {
+    engine::identify(pid).is_some_and(|p| p.role == Role::ApiServer)
 }
 
 pub fn process_info(pid: u32) -> Option<ProcessInfo> {

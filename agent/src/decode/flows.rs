@@ -37,6 +37,20 @@ pub enum Decoded {
         outgoing: bool,
         message: ZmtpMessage,
     },
+    /// A read or write of a watched eventfd (an API server's libzmq mailbox).
+    Wakeup(Wakeup),
+}
+
+/// One 8-byte eventfd read or write: who signalled whom, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wakeup {
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: u32,
+    /// When the syscall returned (a read: the moment the reader had the signal).
+    pub ns: u64,
+    /// A write (a signal), else a read (a signal consumed).
+    pub write: bool,
 }
 
 impl Decoded {
@@ -50,6 +64,7 @@ impl Decoded {
                 .or_else(|| exchange.response.as_ref().map(|r| r.first_ns))
                 .unwrap_or(0),
             Decoded::Zmtp { message, .. } => message.first_ns,
+            Decoded::Wakeup(w) => w.ns,
         }
     }
 
@@ -63,6 +78,7 @@ impl Decoded {
                 .or_else(|| exchange.request.as_ref().map(|r| r.last_ns))
                 .unwrap_or(0),
             Decoded::Zmtp { message, .. } => message.last_ns,
+            Decoded::Wakeup(w) => w.ns,
         }
     }
 }
@@ -233,7 +249,7 @@ impl Flow {
                 server_side: *server_side,
             }),
             FdKind::Unix { .. } => Some(Protocol::Zmtp(Box::default())),
-            FdKind::Other { .. } | FdKind::Vanished => None,
+            FdKind::Eventfd { .. } | FdKind::Other { .. } | FdKind::Vanished => None,
         };
         Self {
             kind,
@@ -407,6 +423,19 @@ impl FlowTable {
             return;
         }
         flow.last_used = self.clock;
+        if matches!(flow.kind, FdKind::Eventfd { .. }) {
+            // A counter, not a byte stream: each syscall stands alone, in capture order.
+            self.stats.syscalls += 1;
+            self.stats.bytes += payload.len() as u64;
+            out.push(Decoded::Wakeup(Wakeup {
+                tgid: io.header.tgid,
+                tid: io.header.tid,
+                fd: io.fd,
+                ns: io.header.ts_ns,
+                write: io.direction == direction::EGRESS,
+            }));
+            return;
+        }
         let dir = io.direction & 1;
         let stream = &mut flow.streams[dir as usize];
         stream.add(io, payload, &mut self.stats);
@@ -514,6 +543,32 @@ mod tests {
 
     const REQ: &[u8] = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
     const RESP: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+    #[test]
+    fn a_watched_eventfd_gives_one_wakeup_per_syscall_and_an_unwatched_one_nothing() {
+        let signal = 1u64.to_ne_bytes();
+        let mut t = table(FdKind::Eventfd { watched: true });
+        let mut out = t.handle(&io(0, direction::EGRESS, 0, &signal, true));
+        out.extend(t.handle(&io(1, direction::INGRESS, 0, &signal, true)));
+        let wakeups: Vec<(bool, u64)> = out
+            .iter()
+            .map(|d| match d {
+                Decoded::Wakeup(w) => {
+                    assert_eq!((w.tgid, w.tid, w.fd), (TGID, TGID, FD));
+                    (w.write, w.ns)
+                }
+                other => panic!("not a wakeup: {other:?}"),
+            })
+            .collect();
+        assert_eq!(wakeups, [(true, 0), (false, 1)]);
+
+        let mut t = table(FdKind::Eventfd { watched: false });
+        assert!(
+            t.handle(&io(0, direction::EGRESS, 0, &signal, true))
+                .is_empty()
+        );
+        assert_eq!(t.stats().ignored_bytes, 8);
+    }
 
     #[test]
     fn chunks_of_one_syscall_and_syscalls_out_of_order_are_put_back_in_order() {

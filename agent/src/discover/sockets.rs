@@ -2,8 +2,10 @@
 //!
 //! The kernel side reports each new fd of a tracked process once; this module decides whether
 //! its payloads are worth copying: TCP sockets (the HTTP listener's connections, ZeroMQ tcp://)
-//! and unix stream sockets (ZeroMQ ipc://). Pipes, eventfds (libzmq's mailboxes), files and
-//! other sockets are ignored in the kernel from then on.
+//! and unix stream sockets (ZeroMQ ipc://). The eventfds of an API server are watched too: they
+//! are libzmq's mailboxes, and reading one is the moment the event loop takes over a message its
+//! I/O thread received (see `engines::handoff`). Pipes, other eventfds, files and other sockets
+//! are ignored in the kernel from then on.
 use std::{fs, net::SocketAddr};
 
 use serde::{Deserialize, Serialize};
@@ -24,6 +26,8 @@ pub enum FdKind {
     },
     /// A unix stream socket; `path` is the bound path when the socket has one.
     Unix { path: Option<String> },
+    /// An eventfd; `watched`: its 8-byte reads and writes are captured (an API server's).
+    Eventfd { watched: bool },
     /// Anything else (described for the log).
     Other { what: String },
     /// Closed before it could be looked up in /proc (a connection that lived less than one
@@ -37,15 +41,20 @@ impl FdKind {
         match self {
             FdKind::Tcp { listening, .. } => !listening,
             FdKind::Unix { .. } | FdKind::Vanished => true,
+            FdKind::Eventfd { watched } => *watched,
             FdKind::Other { .. } => false,
         }
     }
 }
 
-/// Classify fd `fd` of process `pid`; None when the fd or the process is gone.
+/// Classify fd `fd` of process `pid`; None when the fd or the process is gone. An eventfd
+/// comes back unwatched: whether its process is an API server is the caller's question.
 pub fn classify(pid: u32, fd: u32) -> Option<FdKind> {
     let target = fs::read_link(proc_path(pid, &format!("fd/{fd}"))).ok()?;
     let target = target.to_string_lossy();
+    if target == EVENTFD_LINK {
+        return Some(FdKind::Eventfd { watched: false });
+    }
     let Some(inode) = socket_inode(&target) else {
         return Some(FdKind::Other {
             what: target.into_owned(),
@@ -106,6 +115,8 @@ fn socket_inode(link: &str) -> Option<u64> {
 }
 
 const TCP_LISTEN: u8 = 0x0A;
+/// What /proc/PID/fd/N links to for an eventfd.
+const EVENTFD_LINK: &str = "anon_inode:[eventfd]";
 
 struct TcpEntry {
     local: SocketAddr,

@@ -1,4 +1,5 @@
 //! Per-engine state machines: decoded messages in, finished requests (with every timestamp the
 //! spans need) and engine step reports out. Pure: no I/O, time comes from the captures.
+pub mod handoff;
 pub mod join;
 pub mod vllm;

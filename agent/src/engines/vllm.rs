@@ -8,7 +8,10 @@
 //! timestamps; `arrival_time` is the frontend's wall clock.
 use std::collections::{HashMap, VecDeque};
 
-use super::join::{ApiExchange, EngineRequestInfo, Joiner, Outcome};
+use super::{
+    handoff::{HandoffStats, Handoffs},
+    join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
+};
 use crate::decode::{
     flows::Decoded,
     openai::ApiCall,
@@ -66,9 +69,13 @@ pub struct EngineTimeline {
     /// Engine step timestamps of the first and last outputs with tokens.
     pub first_token: Option<f64>,
     pub last_token: Option<f64>,
-    /// Capture times the frontend received the first and the final output.
+    /// Capture times the frontend took over the first and the final output: when its event
+    /// loop was woken for them (see `handoff`), else when their bytes arrived. A request the
+    /// frontend aborted ends when it sent the ABORT.
     pub first_output_ns: Option<u64>,
     pub finished_ns: Option<u64>,
+    /// Capture time the latest output was received.
+    pub last_output_ns: Option<u64>,
     /// Capture times of every output received (for detokenization time), bounded.
     pub output_ns: Vec<u64>,
     pub completion_tokens: u64,
@@ -99,6 +106,7 @@ impl EngineTimeline {
             last_token: None,
             first_output_ns: None,
             finished_ns: None,
+            last_output_ns: None,
             output_ns: Vec::new(),
             completion_tokens: 0,
             preemptions: 0,
@@ -173,6 +181,7 @@ impl EngineTimeline {
             prompt_counted = self.prompt_tokens.unwrap_or(0);
         }
         self.last_token = Some(step_ts);
+        self.last_output_ns = Some(recv_ns);
         if self.output_ns.len() < MAX_STEPS_PER_REQUEST {
             self.output_ns.push(recv_ns);
         }
@@ -283,6 +292,7 @@ pub struct VllmTracker {
     /// and so do we.
     aborted: HashMap<String, u64>,
     orphans: HashMap<String, Orphan>,
+    handoffs: Handoffs,
     /// Latest capture time seen.
     now_ns: u64,
     pub stats: TrackerStats,
@@ -297,6 +307,7 @@ impl VllmTracker {
             joiner: Joiner::default(),
             aborted: HashMap::new(),
             orphans: HashMap::new(),
+            handoffs: Handoffs::default(),
             now_ns: 0,
             stats: TrackerStats::default(),
         }
@@ -304,6 +315,11 @@ impl VllmTracker {
 
     pub fn decoder(&self) -> &VllmDecoder {
         &self.decoder
+    }
+
+    /// How the frontend instants were found.
+    pub fn handoff_stats(&self) -> HandoffStats {
+        self.handoffs.stats
     }
 
     /// Take one decoded message; finished requests and steps go to `out`.
@@ -340,17 +356,25 @@ impl VllmTracker {
                 Some(Err(e)) => self.undecodable(&e),
             },
             Decoded::Zmtp {
+                tgid,
                 outgoing: false,
                 message,
                 ..
             } => match self.decoder.outputs(&message.frames) {
-                Some(Ok(step)) if !step.is_utility => {
-                    let report = self.step(&step, message.last_ns);
-                    out.push(VllmEvent::Step(report));
+                Some(Ok(step)) => {
+                    // Any output may be asked about: a first token, a finish, the output
+                    // that completed a stop string.
+                    let keep = !step.is_utility && !step.outputs.is_empty();
+                    self.handoffs.received(*tgid, message.last_ns, keep);
+                    if !step.is_utility {
+                        let report = self.step(&step, message.last_ns);
+                        out.push(VllmEvent::Step(report));
+                    }
                 }
-                Some(Ok(_)) | None => {}
+                None => {}
                 Some(Err(e)) => self.undecodable(&e),
             },
+            Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
         }
     }
 
@@ -363,7 +387,7 @@ impl VllmTracker {
         self.orphans.retain(|_, o| o.first_seen_ns > cutoff);
         self.stats.requests_without_add += (before - self.orphans.len()) as u64;
         for outcome in self.joiner.advance(self.now_ns) {
-            out.push(VllmEvent::Request(Box::new(trace(outcome))));
+            out.push(VllmEvent::Request(Box::new(self.trace(outcome))));
         }
     }
 
@@ -464,6 +488,36 @@ impl VllmTracker {
         }
     }
 
+    /// A joined request as reported: frontend instants moved to when the event loop took the
+    /// outputs over, and frontend aborts that were vLLM's own stop-string finishes told apart.
+    fn trace(&self, outcome: Outcome<EngineTimeline>) -> RequestTrace {
+        let mut engine = outcome.engine;
+        // vLLM's frontend also sends ABORT for a request it finished itself: a stop string is
+        // matched during detokenization, in the API server, which then tells the engine to
+        // stop. Such a request's response is complete (a client that went away leaves it cut
+        // short or missing), and vLLM counts it as finished with reason stop, at the output
+        // that completed the string.
+        let own_stop = outcome
+            .api
+            .as_ref()
+            .is_some_and(|api| api.complete && api.call.status == Some(200));
+        for t in &mut engine {
+            if own_stop && t.aborted_by_frontend {
+                t.aborted_by_frontend = false;
+                t.finish_reason = Some(FinishReason::Stop);
+                t.finished_ns = t.last_output_ns.or(t.finished_ns);
+            }
+            t.first_output_ns = t.first_output_ns.map(|ns| self.handoffs.taken_at(ns));
+            if !t.aborted_by_frontend {
+                t.finished_ns = t.finished_ns.map(|ns| self.handoffs.taken_at(ns));
+            }
+        }
+        RequestTrace {
+            api: outcome.api,
+            engine,
+        }
+    }
+
     /// End of the session: report everything finished; unfinished requests are counted.
     pub fn finish(&mut self, out: &mut Vec<VllmEvent>) {
         self.stats.unfinished_at_end += self.in_flight.len() as u64;
@@ -472,29 +526,8 @@ impl VllmTracker {
         self.in_flight.clear();
         self.order.clear();
         for outcome in self.joiner.finish() {
-            out.push(VllmEvent::Request(Box::new(trace(outcome))));
+            out.push(VllmEvent::Request(Box::new(self.trace(outcome))));
         }
-    }
-}
-
-fn trace(outcome: Outcome<EngineTimeline>) -> RequestTrace {
-    let mut engine = outcome.engine;
-    // vLLM's frontend also sends ABORT for a request it finished itself: a stop string is
-    // matched during detokenization, in the API server, which then tells the engine to stop.
-    // Such a request's response is complete (a client that went away leaves it cut short or
-    // missing), and vLLM counts it as finished with reason stop.
-    if let Some(api) = &outcome.api
-        && api.complete
-        && api.call.status == Some(200)
-    {
-        for t in engine.iter_mut().filter(|t| t.aborted_by_frontend) {
-            t.aborted_by_frontend = false;
-            t.finish_reason = Some(FinishReason::Stop);
-        }
-    }
-    RequestTrace {
-        api: outcome.api,
-        engine,
     }
 }
 
@@ -835,6 +868,69 @@ mod tests {
         assert!(finish(&mut t).is_empty());
         assert_eq!(t.stats.unfinished_at_end, 0);
         assert_eq!(t.stats.requests_without_add, 0);
+    }
+
+    fn wake(at: u64, write: bool) -> Decoded {
+        Decoded::Wakeup(crate::decode::flows::Wakeup {
+            tgid: 7,
+            tid: if write { 8 } else { 7 },
+            fd: 23,
+            ns: at,
+            write,
+        })
+    }
+
+    #[test]
+    fn outputs_are_timed_when_the_event_loop_took_them_over() {
+        const WARM: &str = "cmpl-w-0-abcdef12";
+        const ID: &str = "cmpl-a-0-abcdef12";
+        let mut t = tracker();
+        // Each output wakes the loop 20 µs after it arrives; the loop reads 4 ms later.
+        let mut messages = vec![add(T0, WARM, None, 5, sampling(3))];
+        let signalled = |messages: &mut Vec<Decoded>, at: u64, output: Vec<Value>| {
+            messages.push(step(at, 0, 1.0, vec![output], None));
+            messages.push(wake(at + 20_000, true));
+            messages.push(wake(at + 4 * MS, false));
+        };
+        // Three outputs teach the tracker which eventfd is the mailbox.
+        signalled(&mut messages, T0 + 10 * MS, output(WARM, &[1]));
+        signalled(&mut messages, T0 + 20 * MS, output(WARM, &[2]));
+        signalled(
+            &mut messages,
+            T0 + 30 * MS,
+            finishing(output(WARM, &[3]), 1),
+        );
+        messages.push(add(T0 + 35 * MS, ID, None, 5, sampling(2)));
+        signalled(&mut messages, T0 + 40 * MS, output(ID, &[1]));
+        signalled(&mut messages, T0 + 50 * MS, finishing(output(ID, &[2]), 1));
+        feed(&mut t, &messages);
+        let done = finish(&mut t);
+        let timeline = |id: &str| {
+            done.iter()
+                .flat_map(|d| &d.engine)
+                .find(|e| e.request_id == id)
+                .cloned()
+                .unwrap()
+        };
+        let warm = timeline(WARM);
+        assert_eq!(
+            warm.first_output_ns,
+            Some(T0 + 10 * MS),
+            "mailbox not known yet"
+        );
+        assert_eq!(warm.finished_ns, Some(T0 + 34 * MS));
+        let a = timeline(ID);
+        assert_eq!(a.first_output_ns, Some(T0 + 44 * MS));
+        assert_eq!(a.finished_ns, Some(T0 + 54 * MS));
+        // Arrivals stay the arrivals.
+        assert_eq!(a.output_ns, [T0 + 40 * MS, T0 + 50 * MS]);
+        assert_eq!(
+            t.handoff_stats(),
+            HandoffStats {
+                taken_over: 3,
+                at_arrival: 2
+            }
+        );
     }
 
     #[test]
@@ -1529,5 +1625,7 @@ mod tests {
         let e = &done[0].engine[0];
         assert!(!e.aborted_by_frontend);
         assert_eq!(e.finish_reason, Some(FinishReason::Stop));
+        // vLLM ends it at the output that completed the string, not at the ABORT after it.
+        assert_eq!(e.finished_ns, Some(T0 + 20 * MS));
     }
 }

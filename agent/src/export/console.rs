@@ -49,6 +49,14 @@ impl Console {
                 let _ = write!(line, " zmtp pid={tgid} fd={fd} {direction} ");
                 zmtp(&mut line, message);
             }
+            Decoded::Wakeup(w) => {
+                let what = if w.write { "signal" } else { "wake" };
+                let _ = write!(
+                    line,
+                    " eventfd pid={} fd={} tid={} {what}",
+                    w.tgid, w.fd, w.tid
+                );
+            }
         }
         line
     }

@@ -3,7 +3,11 @@
 //! and what the vLLM tracker could not use. A dashboard that shows the spec's numbers should
 //! show these too: a gap in a trace is visible here.
 use super::metrics::{Kind, MetricDef, Registry};
-use crate::{capture::KernelCounters, decode::flows::FlowStats, engines::vllm::TrackerStats};
+use crate::{
+    capture::KernelCounters,
+    decode::flows::FlowStats,
+    engines::{handoff::HandoffStats, vllm::TrackerStats},
+};
 
 const fn counter(name: &'static str, description: &'static str) -> MetricDef {
     MetricDef {
@@ -54,13 +58,22 @@ pub const LAYOUT_SWITCHES: MetricDef = counter(
     "infertrace_vllm_layout_switches_total",
     "Times vLLM messages fitted another version's field table than the detected version's.",
 );
+pub const TAKEN_OVER: MetricDef = counter(
+    "infertrace_outputs_taken_over_total",
+    "Engine outputs timed when the frontend's event loop took them over (its mailbox read).",
+);
+pub const AT_ARRIVAL: MetricDef = counter(
+    "infertrace_outputs_at_arrival_total",
+    "Engine outputs timed at their arrival in the frontend (its loop was busy, or its mailbox \
+     was not known yet): their requests' first-token and end times are lower bounds.",
+);
 pub const TRACES: MetricDef = counter(
     "infertrace_traces_total",
     "Request traces reported (an API call with its engine requests).",
 );
 
 /// Every agent metric, for exporters that declare instruments up front.
-pub static ALL: [&MetricDef; 11] = [
+pub static ALL: [&MetricDef; 13] = [
     &CAPTURED_SYSCALLS,
     &LOST_RECORDS,
     &TRUNCATED_SYSCALLS,
@@ -71,6 +84,8 @@ pub static ALL: [&MetricDef; 11] = [
     &WITHOUT_ADD,
     &EVICTED,
     &LAYOUT_SWITCHES,
+    &TAKEN_OVER,
+    &AT_ARRIVAL,
     &TRACES,
 ];
 
@@ -89,12 +104,20 @@ pub fn capture(r: &mut Registry, kernel: &KernelCounters, flows: &FlowStats) {
 }
 
 /// Totals of the vLLM tracker and the pipeline.
-pub fn tracker(r: &mut Registry, stats: &TrackerStats, layout_switches: u64, traces: u64) {
+pub fn tracker(
+    r: &mut Registry,
+    stats: &TrackerStats,
+    handoffs: &HandoffStats,
+    layout_switches: u64,
+    traces: u64,
+) {
     for (def, value) in [
         (&UNDECODABLE, stats.undecodable),
         (&WITHOUT_ADD, stats.requests_without_add),
         (&EVICTED, stats.evicted),
         (&LAYOUT_SWITCHES, layout_switches),
+        (&TAKEN_OVER, handoffs.taken_over),
+        (&AT_ARRIVAL, handoffs.at_arrival),
         (&TRACES, traces),
     ] {
         r.set_total(def, Vec::new(), value as f64);

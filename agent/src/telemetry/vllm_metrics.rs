@@ -337,6 +337,7 @@ mod tests {
             last_token: Some(1000.75),
             first_output_ns: Some(mono(630)),
             finished_ns: Some(mono(760)),
+            last_output_ns: Some(mono(760)),
             output_ns: vec![mono(630), mono(700), mono(760)],
             completion_tokens: 3,
             preemptions: 0,
