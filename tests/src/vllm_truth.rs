@@ -10,13 +10,11 @@ use serde_json::Value;
 /// Engine-clock latencies must agree to this (seconds): both sides subtract the same engine
 /// timestamps; only float formatting separates them.
 pub const ENGINE_TOLERANCE_S: f64 = 0.05e-3;
-/// Frontend-clock latencies (TTFT, e2e): p50 bound, and the p95 bound of e2e (seconds). The
-/// goal is 5 ms at p99 for both. The time to first token's tail is reported, not asserted:
-/// infertrace stamps the moment the first output reached the API server process, vLLM the
-/// moment its event loop got to it, and when that loop is busy (a burst of new requests, or
-/// a loaded machine) the two differ by more (docs/accuracy.md; open in issue 3).
+/// Frontend-clock latencies (TTFT, e2e) must agree to this at p50 and at p99 (seconds): vLLM
+/// stamps `time.time()` a little after its event loop takes an output over, infertrace the
+/// loop's read of the output socket's mailbox (docs/accuracy.md).
 pub const FRONTEND_P50_S: f64 = 1e-3;
-pub const FRONTEND_P95_S: f64 = 5e-3;
+pub const FRONTEND_P99_S: f64 = 5e-3;
 
 /// Every JSON line of a file (infertrace's JSONL output, the OTLP receiver's output).
 pub fn json_lines(path: &Path) -> Vec<Value> {
@@ -179,8 +177,7 @@ pub fn compare(
             }
         }
     }
-    // Engine-clock values must all agree (bound on the max); frontend-clock ones at p50, and
-    // e2e at p95 too.
+    // Engine-clock values must all agree (bound on the max); frontend-clock ones at p50 and p99.
     for (diffs, what, every) in [
         (&engine_diffs, "engine clock", true),
         (&frontend_diffs, "frontend clock", false),
@@ -196,10 +193,10 @@ pub fn compare(
                 percentile(d, 99.0),
                 percentile(d, 100.0),
             );
-            let (bound_p50, tail) = match (every, *key) {
-                (true, _) => (ENGINE_TOLERANCE_S, Some((max, ENGINE_TOLERANCE_S))),
-                (false, "gen_ai.latency.time_to_first_token") => (FRONTEND_P50_S, None),
-                (false, _) => (FRONTEND_P50_S, Some((p95, FRONTEND_P95_S))),
+            let (bound_p50, tail) = if every {
+                (ENGINE_TOLERANCE_S, (max, ENGINE_TOLERANCE_S))
+            } else {
+                (FRONTEND_P50_S, (p99, FRONTEND_P99_S))
             };
             let _ = writeln!(
                 r.text,
@@ -215,9 +212,8 @@ pub fn compare(
             if p50 > bound_p50 {
                 r.fail(format!("{key}: p50 {p50:.6} s beyond {bound_p50} s"));
             }
-            if let Some((value, bound)) = tail
-                && value > bound
-            {
+            let (value, bound) = tail;
+            if value > bound {
                 r.fail(format!("{key}: tail {value:.6} s beyond {bound} s"));
             }
         }

@@ -23,7 +23,8 @@ use crate::decode::flows::Wakeup;
 
 /// A write this long after a message is not that message's signal.
 const SIGNAL_WINDOW_NS: u64 = 1_000_000;
-/// Votes an eventfd needs before it is taken for the output socket's mailbox.
+/// Votes an eventfd needs before it is taken for the output socket's mailbox. Outputs before
+/// that keep their arrival (counted): a wrong mailbox would misplace instants, uncounted.
 const VOTES_NEEDED: u32 = 3;
 /// Take-over instants kept for lookup, the oldest going first: at a hundred engine steps a
 /// second, over twenty minutes; a request whose first token is older reports its arrival.
