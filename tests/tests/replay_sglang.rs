@@ -5,7 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use infertrace::{
-    decode::{flows::Decoded, pickle::loads},
+    decode::{
+        flows::Decoded,
+        pickle::loads,
+        sglang::{OutputStage, RidOutput, SglangDecoder, SglangMessage, SglangRequest},
+    },
     session,
 };
 use infertrace_tests::fixture;
@@ -124,4 +128,100 @@ fn every_msgpack_sglang_message_is_a_tagged_array() {
         ]),
         "{classes:?}"
     );
+}
+
+/// What the typed decoder made of one recording's messages (each counted once: as sent).
+#[derive(Debug, Default)]
+struct Typed {
+    requests: Vec<SglangRequest>,
+    aborts: usize,
+    token_outputs: usize,
+    str_outputs: usize,
+    /// Finishing outputs reaching the main process, per rid.
+    finished: BTreeMap<String, RidOutput>,
+    errors: Vec<String>,
+}
+
+fn typed(name: &str) -> Typed {
+    let decoder = SglangDecoder::default();
+    let mut t = Typed::default();
+    session::replay(&fixture(name), |_, d| {
+        let Decoded::Zmtp {
+            outgoing: true,
+            message,
+            ..
+        } = d
+        else {
+            return;
+        };
+        match decoder.decode(&message.frames) {
+            Some(Ok(SglangMessage::Request(r))) => t.requests.push(*r),
+            Some(Ok(SglangMessage::Abort(_))) => t.aborts += 1,
+            Some(Ok(SglangMessage::Outputs(o))) => match o.stage {
+                OutputStage::TokenIds => t.token_outputs += 1,
+                OutputStage::Strings => {
+                    t.str_outputs += 1;
+                    for item in o.items.into_iter().filter(|i| i.finish.is_some()) {
+                        t.finished.insert(item.rid.clone(), item);
+                    }
+                }
+            },
+            Some(Ok(SglangMessage::Other(class))) => t.errors.push(format!("other: {class}")),
+            Some(Err(e)) => t.errors.push(e.to_string()),
+            None => t.errors.push("not SGLang".into()),
+        }
+    })
+    .expect("replay");
+    t
+}
+
+#[test]
+fn both_encodings_decode_to_the_same_requests_and_outputs() {
+    let (pickle, msgpack) = (
+        typed("sglang-0.5.23-pickle.rec"),
+        typed("sglang-0.5.23-msgpack.rec"),
+    );
+    for (mode, t) in [("pickle", &pickle), ("msgpack", &msgpack)] {
+        assert!(t.errors.is_empty(), "{mode}: {:#?}", t.errors);
+        // 28 engine requests and 5 aborts (tests/fixtures/sglang-0.5.23-workload.md).
+        assert_eq!((t.requests.len(), t.aborts), (28, 5), "{mode}");
+        assert_eq!(t.token_outputs, t.str_outputs, "{mode}: one string output per token output");
+        assert_eq!(t.finished.len(), 28, "{mode}: every request finished once");
+        for r in &t.requests {
+            let done = &t.finished[&r.rid];
+            assert_eq!(done.prompt_tokens, r.prompt_tokens, "{mode} {}", r.rid);
+            // SGLang's tracing was on: its root span's context travels with the request.
+            let trace = r.trace.as_ref().expect("trace_ctx");
+            assert!(trace.traceparent.as_deref().is_some_and(|t| t.starts_with("00-")));
+            assert!(trace.start_time_ns.is_some());
+            // --enable-metrics: the scheduler's instants, in order.
+            let times = done.times.expect("scheduler time stats");
+            let (queued, forward) = (times.wait_queue_entry.unwrap(), times.forward_entry);
+            if let Some(forward) = forward {
+                assert!(forward >= queued, "{mode} {}: {times:?}", r.rid);
+            }
+            let finish = done.finish.as_ref().unwrap();
+            match finish.kind.as_str() {
+                "length" => assert_eq!(
+                    done.completion_tokens,
+                    r.sampling.max_new_tokens,
+                    "{mode} {}",
+                    r.rid
+                ),
+                "abort" => {}
+                other => panic!("{mode} {}: finish {other}", r.rid),
+            }
+        }
+    }
+    // The same workload: the same prompts and limits, whatever the encoding.
+    let shape = |t: &Typed| {
+        let mut v: Vec<_> = t
+            .requests
+            .iter()
+            .map(|r| (r.prompt_tokens, r.sampling.max_new_tokens, r.stream))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(shape(&pickle), shape(&msgpack));
 }

@@ -9,7 +9,7 @@ use super::{
     records,
 };
 use crate::discover::{
-    engine::{self, Role},
+    engine::{self, Engine, EngineProcess, Role},
     procfs, sockets,
     sockets::FdKind,
 };
@@ -107,12 +107,10 @@ impl LiveCapture {
             } => {
                 let tgid = header.tgid;
                 match sockets::classify(tgid, *fd) {
-                    Some(mut kind) => {
-                        // Asked per eventfd, not per process: a forked child shares its
-                        // parent's title until it sets its own, and eventfds are few.
-                        if let FdKind::Eventfd { watched } = &mut kind {
-                            *watched = is_api_server(tgid);
-                        }
+                    Some(kind) => {
+                        // Asked per fd, not once per process: a forked child shares its
+                        // parent's title until it sets its own.
+                        let kind = decoded_kind(kind, engine::identify(tgid).as_ref());
                         // What /proc shows may already be a later incarnation of the fd
                         // number: the generation makes the kernel drop the decision then.
                         let decision = kind.capture();
@@ -164,9 +162,24 @@ impl LiveCapture {
     }
 }
 
-/// An API server's eventfds are libzmq's mailboxes of the sockets its event loop reads.
-fn is_api_server(pid: u32) -> bool {
-    engine::identify(pid).is_some_and(|p| p.role == Role::ApiServer)
+/// What is decoded of an fd of a process: an API server's eventfds are watched (libzmq's
+/// mailboxes of the sockets its event loop reads); vLLM's requests are rebuilt from the API
+/// server's side alone, so the sockets of its other processes (the EngineCore's copies of the
+/// same messages, the workers' wake-ups) are not copied at all: decoding them only to drop
+/// them was half the agent's CPU. SGLang's processes and unknown ones are decoded whole.
+fn decoded_kind(kind: FdKind, process: Option<&EngineProcess>) -> FdKind {
+    let api_server = process.is_some_and(|p| p.role == Role::ApiServer);
+    match (kind, process) {
+        (FdKind::Eventfd { .. }, _) => FdKind::Eventfd {
+            watched: api_server,
+        },
+        (kind, Some(p)) if kind.capture() && p.engine == Engine::Vllm && !api_server => {
+            FdKind::Other {
+                what: format!("socket of vLLM's {} (only the API server's side is decoded)", p.role),
+            }
+        }
+        (kind, _) => kind,
+    }
 }
 
 pub fn process_info(pid: u32) -> Option<ProcessInfo> {
@@ -176,4 +189,41 @@ pub fn process_info(pid: u32) -> Option<ProcessInfo> {
         comm: procfs::comm(pid)?,
         cmdline: procfs::cmdline(pid).unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(engine: Engine, role: Role) -> EngineProcess {
+        EngineProcess {
+            pid: 10,
+            ppid: None,
+            engine,
+            role,
+            comm: "x".into(),
+            version: None,
+            model: None,
+            served_model_name: None,
+            listening_ports: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn only_the_vllm_api_servers_side_is_decoded_and_only_its_eventfds_watched() {
+        let unix = || FdKind::Unix { path: None };
+        let eventfd = || FdKind::Eventfd { watched: false };
+        let api = process(Engine::Vllm, Role::ApiServer);
+        let core = process(Engine::Vllm, Role::EngineCore);
+        let scheduler = process(Engine::Sglang, Role::Scheduler);
+        assert_eq!(decoded_kind(unix(), Some(&api)), unix());
+        assert!(decoded_kind(eventfd(), Some(&api)).capture());
+        let skipped = decoded_kind(unix(), Some(&core));
+        assert!(!skipped.capture(), "{skipped:?}");
+        assert!(!decoded_kind(eventfd(), Some(&core)).capture());
+        // SGLang's processes and processes of no known engine: every socket.
+        assert_eq!(decoded_kind(unix(), Some(&scheduler)), unix());
+        assert_eq!(decoded_kind(unix(), None), unix());
+        assert!(!decoded_kind(eventfd(), None).capture());
+    }
 }

@@ -7,6 +7,7 @@ pub mod flows;
 pub mod http;
 pub mod openai;
 pub mod pickle;
+pub mod sglang;
 pub mod sse;
 pub mod vllm;
 pub mod zmtp;

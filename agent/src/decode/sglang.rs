@@ -1,0 +1,796 @@
+//! SGLang's messages between the TokenizerManager (main process), the scheduler and the
+//! detokenizer (docs/sglang-wire.md): `TokenizedGenerateReqInput`, `AbortReq`,
+//! `BatchTokenIDOutput` and `BatchStrOutput`, in either of SGLang's encodings.
+//!
+//! - Pickle (the default): `msgspec._utils.rebuild(cls, {field: value})`, decoded by our
+//!   restricted pickle machine (nothing is imported or called): self-describing, field names
+//!   on the wire, so any SGLang version decodes.
+//! - msgpack (`SGLANG_USE_PICKLE_IPC=0`): `[class name, field1, field2, ...]` with every field
+//!   in declaration order, so the names come from a field table per version ([`FIELDS_0_5`]); a
+//!   message whose field count does not fit fails (counted) rather than being misread. Token id
+//!   arrays travel as extension 1 (`array.array`), `time_stats` as `["PickleWrapper", pickle]`.
+//!
+//! Both are turned into the same field dict ([`PyValue`]), and the typed messages are read
+//! from it by name.
+use rmpv::Value;
+
+use super::pickle::{self, PickleError, PyValue};
+
+/// Deepest msgpack nesting accepted.
+const MAX_DEPTH: usize = 64;
+/// msgspec extension code SGLang uses for `array.array` (srt/utils/msgpack_utils.py).
+const EXT_ARRAY: i8 = 1;
+/// The module of SGLang's IPC classes, in pickles.
+const IO_STRUCT_MODULE: &str = "sglang.srt.managers.io_struct";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SglangError {
+    #[error("pickle: {0}")]
+    Pickle(#[from] PickleError),
+    #[error("msgpack: {0}")]
+    Msgpack(String),
+    #[error("{class}: {got} fields, the {table} table has {want}")]
+    FieldCount {
+        class: String,
+        got: usize,
+        want: usize,
+        table: &'static str,
+    },
+    #[error("{0}: field {1} missing or of another type")]
+    Field(&'static str, &'static str),
+}
+
+/// One decoded SGLang message.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SglangMessage {
+    /// `TokenizedGenerateReqInput`: the TokenizerManager hands a request to the scheduler.
+    Request(Box<SglangRequest>),
+    /// `AbortReq`: main -> scheduler (a client went away), or scheduler -> main (a request
+    /// ended outside the output stream, e.g. aborted while queued).
+    Abort(SglangAbort),
+    /// `BatchTokenIDOutput` (scheduler -> detokenizer) or `BatchStrOutput` (detokenizer ->
+    /// main): one entry per request of a scheduler step that had something to send.
+    Outputs(SglangOutputs),
+    /// Another io_struct class (control requests and their replies), by name.
+    Other(String),
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SglangSampling {
+    pub max_new_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub n: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SglangRequest {
+    pub rid: String,
+    pub prompt_tokens: Option<u64>,
+    pub stream: bool,
+    pub sampling: SglangSampling,
+    /// PD disaggregation's correlation id.
+    pub bootstrap_room: Option<u64>,
+    /// `time_stats.trace_ctx` when SGLang's own tracing is on.
+    pub trace: Option<TraceContext>,
+}
+
+/// What SGLang's tracing puts in a request's `time_stats.trace_ctx`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TraceContext {
+    /// W3C traceparent of SGLang's root (request) span.
+    pub traceparent: Option<String>,
+    /// Wall clock (ns) when SGLang's request span started.
+    pub start_time_ns: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SglangAbort {
+    pub rid: String,
+    pub abort_all: bool,
+    pub finish: Option<SglangFinish>,
+}
+
+/// A request's `finished_reason` dict.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SglangFinish {
+    /// `length`, `stop` or `abort`.
+    pub kind: String,
+    pub message: Option<String>,
+    pub status_code: Option<i64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputStage {
+    /// `BatchTokenIDOutput`, leaving the scheduler.
+    TokenIds,
+    /// `BatchStrOutput`, reaching the main process.
+    Strings,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SglangOutputs {
+    pub stage: OutputStage,
+    pub items: Vec<RidOutput>,
+}
+
+/// One request's part of a batch output. Counts are cumulative for the request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RidOutput {
+    pub rid: String,
+    pub finish: Option<SglangFinish>,
+    /// Tokens generated since the request's previous output.
+    pub new_tokens: u64,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub retractions: Option<u64>,
+    pub times: Option<SchedulerTimes>,
+}
+
+/// `SchedulerReqTimeStats` (sent only with `--enable-metrics`): the scheduler's
+/// `time.perf_counter()`, CLOCK_MONOTONIC seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SchedulerTimes {
+    pub wait_queue_entry: Option<f64>,
+    pub forward_entry: Option<f64>,
+    pub prefill_finished: Option<f64>,
+    pub queue_duration_s: Option<f64>,
+}
+
+/// Field tables of the msgpack encoding for one SGLang version range.
+pub struct FieldTable {
+    pub name: &'static str,
+    classes: &'static [(&'static str, &'static [&'static str])],
+    sampling: &'static [&'static str],
+}
+
+impl FieldTable {
+    fn fields(&self, class: &str) -> Option<&'static [&'static str]> {
+        self.classes
+            .iter()
+            .find(|(name, _)| *name == class)
+            .map(|(_, fields)| *fields)
+    }
+}
+
+/// SGLang 0.5.x (checked against the 0.5.23 wheel and its recordings).
+pub static FIELDS_0_5: FieldTable = FieldTable {
+    name: "0.5",
+    classes: &[
+        (
+            "TokenizedGenerateReqInput",
+            &[
+                "rid",
+                "http_worker_ipc",
+                "input_text",
+                "input_ids",
+                "input_embeds",
+                "mm_inputs",
+                "token_type_ids",
+                "sampling_params",
+                "return_logprob",
+                "logprob_start_len",
+                "top_logprobs_num",
+                "token_ids_logprob",
+                "stream",
+                "return_sampling_mask",
+                "return_flat_raw_top_logprobs",
+                "return_hidden_states",
+                "return_routed_experts",
+                "routed_experts_start_len",
+                "return_indexer_topk",
+                "session_id",
+                "session_params",
+                "lora_id",
+                "custom_logit_processor",
+                "positional_embed_overrides",
+                "bootstrap_host",
+                "bootstrap_port",
+                "bootstrap_room",
+                "bootstrap_pair_key",
+                "decode_tp_size",
+                "routed_dp_rank",
+                "disagg_prefill_dp_rank",
+                "routing_key",
+                "require_reasoning",
+                "priority",
+                "extra_key",
+                "no_logs",
+                "return_bytes",
+                "return_entropy",
+                "need_wait_for_mm_inputs",
+                "num_items_assigned",
+                "encoder_urls",
+                "multi_item_delimiter_indices",
+                "token_indices_to_pool",
+                "time_stats",
+                "cache_salt",
+                "kv_hints",
+                "pp_prefetch_ticketed",
+                "sampling_logprobs_mode",
+                "lora_name",
+            ],
+        ),
+        (
+            "BatchTokenIDOutput",
+            &[
+                "rids",
+                "http_worker_ipcs",
+                "finished_reasons",
+                "decoded_texts",
+                "decode_ids",
+                "read_offsets",
+                "output_ids",
+                "skip_special_tokens",
+                "spaces_between_special_tokens",
+                "no_stop_trim",
+                "prompt_tokens",
+                "reasoning_tokens",
+                "completion_tokens",
+                "cached_tokens",
+                "input_token_logprobs_val",
+                "input_token_logprobs_idx",
+                "output_token_logprobs_val",
+                "output_token_logprobs_idx",
+                "input_top_logprobs_val",
+                "input_top_logprobs_idx",
+                "output_top_logprobs_val",
+                "output_top_logprobs_idx",
+                "input_token_ids_logprobs_val",
+                "input_token_ids_logprobs_idx",
+                "output_token_ids_logprobs_val",
+                "output_token_ids_logprobs_idx",
+                "output_token_entropy_val",
+                "output_token_sampling_mask",
+                "output_hidden_states",
+                "routed_experts",
+                "indexer_topk",
+                "placeholder_tokens_idx",
+                "placeholder_tokens_val",
+                "retraction_counts",
+                "beam_search_output",
+                "weight_versions",
+                "token_steps",
+                "customized_info",
+                "cached_tokens_details",
+                "dp_ranks",
+                "time_stats",
+                "image_tokens",
+                "audio_tokens",
+                "video_tokens",
+                "spec_verify_ct",
+                "spec_num_correct_drafts",
+                "spec_num_block_accept_tokens",
+                "spec_num_cap_tokens",
+                "spec_correct_drafts_histogram",
+                "spec_cap_lens_histogram",
+                "input_top_logprobs_val_flat",
+                "input_top_logprobs_idx_flat",
+                "input_top_logprobs_flat_null_prefix",
+            ],
+        ),
+        (
+            "BatchStrOutput",
+            &[
+                "rids",
+                "http_worker_ipcs",
+                "finished_reasons",
+                "output_strs",
+                "output_ids",
+                "prompt_tokens",
+                "completion_tokens",
+                "reasoning_tokens",
+                "cached_tokens",
+                "input_token_logprobs_val",
+                "input_token_logprobs_idx",
+                "output_token_logprobs_val",
+                "output_token_logprobs_idx",
+                "input_top_logprobs_val",
+                "input_top_logprobs_idx",
+                "output_top_logprobs_val",
+                "output_top_logprobs_idx",
+                "input_token_ids_logprobs_val",
+                "input_token_ids_logprobs_idx",
+                "output_token_ids_logprobs_val",
+                "output_token_ids_logprobs_idx",
+                "output_token_entropy_val",
+                "output_token_sampling_mask",
+                "output_hidden_states",
+                "routed_experts",
+                "indexer_topk",
+                "placeholder_tokens_idx",
+                "placeholder_tokens_val",
+                "retraction_counts",
+                "beam_search_output",
+                "weight_versions",
+                "token_steps",
+                "customized_info",
+                "cached_tokens_details",
+                "dp_ranks",
+                "time_stats",
+                "image_tokens",
+                "audio_tokens",
+                "video_tokens",
+                "spec_verify_ct",
+                "spec_num_correct_drafts",
+                "spec_num_block_accept_tokens",
+                "spec_num_cap_tokens",
+                "spec_correct_drafts_histogram",
+                "spec_cap_lens_histogram",
+                "input_top_logprobs_val_flat",
+                "input_top_logprobs_idx_flat",
+                "input_top_logprobs_flat_null_prefix",
+            ],
+        ),
+        (
+            "AbortReq",
+            &[
+                "rid",
+                "http_worker_ipc",
+                "abort_all",
+                "finished_reason",
+                "abort_message",
+                "weight_versions",
+            ],
+        ),
+    ],
+    sampling: &[
+        "max_new_tokens",
+        "stop",
+        "stop_token_ids",
+        "stop_regex",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "n",
+        "beam_width",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "stream_interval",
+        "logit_bias",
+        "sampling_seed",
+        "custom_params",
+        "watermark",
+        "stop_strs",
+        "stop_regex_strs",
+        "stop_str_max_len",
+        "stop_regex_max_len",
+        "is_normalized",
+        "ebnf_full_assistant",
+    ],
+};
+
+/// Decodes SGLang messages of either encoding.
+pub struct SglangDecoder {
+    table: &'static FieldTable,
+}
+
+impl Default for SglangDecoder {
+    fn default() -> Self {
+        Self { table: &FIELDS_0_5 }
+    }
+}
+
+impl SglangDecoder {
+    /// Decode one ZeroMQ message. None: not an SGLang IPC message (another protocol on a
+    /// traced socket); an error: it was one, and did not decode.
+    pub fn decode(&self, frames: &[Vec<u8>]) -> Option<Result<SglangMessage, SglangError>> {
+        let first = frames.first()?;
+        let fields = match first.as_slice() {
+            // PROTO opcode and a protocol SGLang may use (a msgpack fixmap also starts 0x8_).
+            [0x80, 2..=5, ..] => pickled_fields(first, &frames[1..]),
+            [] => return None,
+            _ => self.msgpack_fields(first)?,
+        };
+        Some(fields.and_then(|(class, fields)| typed(&class, &fields, self.table)))
+    }
+
+    /// A msgpack `[class, fields...]` array as (class, field dict); None when it is not one.
+    fn msgpack_fields(&self, bytes: &[u8]) -> Option<Result<(String, PyValue), SglangError>> {
+        let mut cursor = bytes;
+        let Ok(Value::Array(items)) = rmpv::decode::read_value_with_max_depth(&mut cursor, MAX_DEPTH)
+        else {
+            return None;
+        };
+        if !cursor.is_empty() {
+            return None;
+        }
+        let (class, values) = items.split_first()?;
+        let class = class.as_str()?.to_owned();
+        let Some(names) = self.table.fields(&class) else {
+            // A class this table does not lay out: known by name, not decoded.
+            return Some(Ok((class, PyValue::Dict(Vec::new()))));
+        };
+        if names.len() != values.len() {
+            return Some(Err(SglangError::FieldCount {
+                class,
+                got: values.len(),
+                want: names.len(),
+                table: self.table.name,
+            }));
+        }
+        let fields = names
+            .iter()
+            .zip(values)
+            .map(|(name, value)| Ok((PyValue::Str((*name).to_owned()), from_msgpack(value)?)))
+            .collect::<Result<Vec<_>, SglangError>>();
+        Some(fields.map(|f| (class, PyValue::Dict(f))))
+    }
+}
+
+/// A pickled io_struct instance as (class, field dict).
+fn pickled_fields(data: &[u8], buffers: &[Vec<u8>]) -> Result<(String, PyValue), SglangError> {
+    let value = pickle::loads(data, buffers)?;
+    match value.instance() {
+        Some((module, class, fields)) if module == IO_STRUCT_MODULE => {
+            Ok((class.to_owned(), fields.clone()))
+        }
+        _ => Err(SglangError::Field("message", "io_struct instance")),
+    }
+}
+
+/// A msgpack value as the Python value msgspec would have built, with SGLang's extensions.
+fn from_msgpack(value: &Value) -> Result<PyValue, SglangError> {
+    Ok(match value {
+        Value::Nil => PyValue::None,
+        Value::Boolean(b) => PyValue::Bool(*b),
+        Value::Integer(i) => match i.as_i64() {
+            Some(i) => PyValue::Int(i),
+            None => PyValue::Float(i.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::F32(f) => PyValue::Float(f64::from(*f)),
+        Value::F64(f) => PyValue::Float(*f),
+        Value::String(s) => PyValue::Str(s.as_str().unwrap_or_default().to_owned()),
+        Value::Binary(b) => PyValue::Bytes(b.clone()),
+        Value::Array(items) => match items.as_slice() {
+            // msgspec's tagged PickleWrapper: a pickle (protocol 4) inside.
+            [Value::String(tag), Value::Binary(blob)] if tag.as_str() == Some("PickleWrapper") => {
+                pickle::loads(blob, &[])?
+            }
+            _ => PyValue::List(items.iter().map(from_msgpack).collect::<Result<_, _>>()?),
+        },
+        Value::Map(entries) => PyValue::Dict(
+            entries
+                .iter()
+                .map(|(k, v)| Ok((from_msgpack(k)?, from_msgpack(v)?)))
+                .collect::<Result<_, SglangError>>()?,
+        ),
+        Value::Ext(EXT_ARRAY, data) => PyValue::List(
+            array_items(data)
+                .ok_or(SglangError::Msgpack("bad array.array extension".into()))?
+                .into_iter()
+                .map(PyValue::Int)
+                .collect(),
+        ),
+        Value::Ext(_, data) => PyValue::Bytes(data.clone()),
+    })
+}
+
+/// Items of an `array.array` extension: u32 BE metadata length, msgpack typecode, raw items
+/// (little-endian, the sender's machine format).
+fn array_items(data: &[u8]) -> Option<Vec<i64>> {
+    let meta_len = u32::from_be_bytes(data.get(..4)?.try_into().ok()?) as usize;
+    let mut meta = data.get(4..4 + meta_len)?;
+    let typecode = rmpv::decode::read_value_with_max_depth(&mut meta, 4).ok()?;
+    let raw = data.get(4 + meta_len..)?;
+    let width = match typecode.as_str()? {
+        "q" | "Q" | "l" | "L" => 8,
+        "i" | "I" => 4,
+        "h" | "H" => 2,
+        "b" | "B" => 1,
+        _ => return None,
+    };
+    if raw.len() % width != 0 {
+        return None;
+    }
+    Some(
+        raw.chunks_exact(width)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b[..width].copy_from_slice(c);
+                i64::from_le_bytes(b)
+            })
+            .collect(),
+    )
+}
+
+fn typed(class: &str, f: &PyValue, table: &FieldTable) -> Result<SglangMessage, SglangError> {
+    Ok(match class {
+        "TokenizedGenerateReqInput" => SglangMessage::Request(Box::new(request(f, table)?)),
+        "AbortReq" => SglangMessage::Abort(SglangAbort {
+            rid: str_field(f, "rid").ok_or(SglangError::Field("AbortReq", "rid"))?,
+            abort_all: f.get("abort_all").and_then(PyValue::as_i64) == Some(1),
+            finish: f.get("finished_reason").and_then(finish),
+        }),
+        "BatchTokenIDOutput" => SglangMessage::Outputs(outputs(f, OutputStage::TokenIds)?),
+        "BatchStrOutput" => SglangMessage::Outputs(outputs(f, OutputStage::Strings)?),
+        other => SglangMessage::Other(other.to_owned()),
+    })
+}
+
+fn str_field(f: &PyValue, name: &str) -> Option<String> {
+    f.get(name)?.as_str().map(str::to_owned)
+}
+
+fn count(v: &PyValue) -> Option<u64> {
+    v.as_i64().and_then(|i| u64::try_from(i).ok())
+}
+
+fn request(f: &PyValue, table: &FieldTable) -> Result<SglangRequest, SglangError> {
+    const CLASS: &str = "TokenizedGenerateReqInput";
+    let rid = str_field(f, "rid").ok_or(SglangError::Field(CLASS, "rid"))?;
+    let prompt_tokens = f
+        .get("input_ids")
+        .and_then(PyValue::int_array)
+        .map(|ids| ids.len() as u64);
+    let sampling = f
+        .get("sampling_params")
+        .map(|s| sampling(s, table))
+        .unwrap_or_default();
+    Ok(SglangRequest {
+        rid,
+        prompt_tokens,
+        stream: f.get("stream").and_then(PyValue::as_i64) == Some(1),
+        sampling,
+        bootstrap_room: f.get("bootstrap_room").and_then(count),
+        trace: f.get("time_stats").and_then(trace_context),
+    })
+}
+
+/// SamplingParams: a rebuilt instance (pickle) or a plain field array (msgpack).
+fn sampling(v: &PyValue, table: &FieldTable) -> SglangSampling {
+    let named: PyValue;
+    let fields = match (v.instance(), v.as_seq()) {
+        (Some((_, _, fields)), _) => fields,
+        (None, Some(items)) if items.len() == table.sampling.len() => {
+            named = PyValue::Dict(
+                table
+                    .sampling
+                    .iter()
+                    .zip(items)
+                    .map(|(k, v)| (PyValue::Str((*k).to_owned()), v.clone()))
+                    .collect(),
+            );
+            &named
+        }
+        _ => return SglangSampling::default(),
+    };
+    SglangSampling {
+        max_new_tokens: fields.get("max_new_tokens").and_then(count),
+        temperature: fields.get("temperature").and_then(PyValue::as_f64),
+        top_p: fields.get("top_p").and_then(PyValue::as_f64),
+        top_k: fields.get("top_k").and_then(PyValue::as_i64),
+        n: fields.get("n").and_then(count),
+    }
+}
+
+/// `APIServerReqTimeStats.trace_ctx` of a request, when SGLang's tracing is on.
+fn trace_context(time_stats: &PyValue) -> Option<TraceContext> {
+    let (_, _, state) = time_stats.instance()?;
+    let ctx = state.get("trace_ctx")?;
+    if ctx.get("tracing_enable").and_then(PyValue::as_i64) != Some(1) {
+        return None;
+    }
+    Some(TraceContext {
+        traceparent: ctx
+            .get("root_span_context")
+            .and_then(|c| str_field(c, "traceparent")),
+        start_time_ns: ctx.get("start_time_ns").and_then(count),
+    })
+}
+
+fn finish(v: &PyValue) -> Option<SglangFinish> {
+    Some(SglangFinish {
+        kind: str_field(v, "type")?,
+        message: str_field(v, "message"),
+        status_code: v.get("status_code").and_then(PyValue::as_i64),
+    })
+}
+
+fn outputs(f: &PyValue, stage: OutputStage) -> Result<SglangOutputs, SglangError> {
+    let class = match stage {
+        OutputStage::TokenIds => "BatchTokenIDOutput",
+        OutputStage::Strings => "BatchStrOutput",
+    };
+    let rids = f
+        .get("rids")
+        .and_then(PyValue::as_seq)
+        .ok_or(SglangError::Field(class, "rids"))?;
+    // Per-request columns, parallel to `rids`; a column that is None or short is absent.
+    let column = |name: &str| -> Vec<Option<&PyValue>> {
+        let items = f.get(name).and_then(PyValue::as_seq).unwrap_or_default();
+        (0..rids.len()).map(|i| items.get(i)).collect()
+    };
+    let ints = |name: &str| -> Vec<Option<u64>> {
+        let values = f.get(name).and_then(PyValue::int_array).unwrap_or_default();
+        (0..rids.len())
+            .map(|i| values.get(i).and_then(|&v| u64::try_from(v).ok()))
+            .collect()
+    };
+    let (finished, output_ids, times) = (
+        column("finished_reasons"),
+        column("output_ids"),
+        column("time_stats"),
+    );
+    let (prompt, completion, cached, retractions) = (
+        ints("prompt_tokens"),
+        ints("completion_tokens"),
+        ints("cached_tokens"),
+        ints("retraction_counts"),
+    );
+    let mut items = Vec::with_capacity(rids.len());
+    for (i, rid) in rids.iter().enumerate() {
+        let rid = rid.as_str().ok_or(SglangError::Field(class, "rids"))?;
+        items.push(RidOutput {
+            rid: rid.to_owned(),
+            finish: finished[i].and_then(finish),
+            new_tokens: output_ids[i]
+                .and_then(PyValue::int_array)
+                .map_or(0, |ids| ids.len() as u64),
+            prompt_tokens: prompt[i],
+            completion_tokens: completion[i],
+            cached_tokens: cached[i],
+            retractions: retractions[i],
+            times: times[i].and_then(scheduler_times),
+        });
+    }
+    Ok(SglangOutputs { stage, items })
+}
+
+/// A `SchedulerReqTimeStats` with its state (empty without `--enable-metrics`: None).
+fn scheduler_times(v: &PyValue) -> Option<SchedulerTimes> {
+    let (_, _, state) = v.instance()?;
+    // Unset instants are 0.0 in SGLang's dataclass.
+    let at = |k: &str| state.get(k).and_then(PyValue::as_f64).filter(|t| *t > 0.0);
+    let times = SchedulerTimes {
+        wait_queue_entry: at("wait_queue_entry_time"),
+        forward_entry: at("forward_entry_time"),
+        prefill_finished: at("prefill_finished_time"),
+        queue_duration_s: at("queue_duration_s"),
+    };
+    (times != SchedulerTimes::default()).then_some(times)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(value: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, value).unwrap();
+        out
+    }
+
+    fn s(text: &str) -> Value {
+        Value::from(text)
+    }
+
+    /// An `array.array('q')` extension as SGLang's msgpack encoder writes it.
+    fn int64_array(items: &[i64]) -> Value {
+        let meta = enc(&s("q"));
+        let mut data = (meta.len() as u32).to_be_bytes().to_vec();
+        data.extend(meta);
+        for i in items {
+            data.extend(i.to_le_bytes());
+        }
+        Value::Ext(EXT_ARRAY, data)
+    }
+
+    fn decode(value: &Value) -> Option<Result<SglangMessage, SglangError>> {
+        SglangDecoder::default().decode(&[enc(value)])
+    }
+
+    #[test]
+    fn a_msgpack_abort_maps_its_fields_by_position() {
+        let finish = Value::Map(vec![
+            (s("type"), s("abort")),
+            (s("message"), s("Aborted")),
+            (s("status_code"), Value::Nil),
+        ]);
+        let abort = Value::Array(vec![
+            s("AbortReq"),
+            s("rid-1"),
+            Value::Nil,
+            Value::Boolean(false),
+            finish,
+            Value::Nil,
+            Value::Nil,
+        ]);
+        let Some(Ok(SglangMessage::Abort(a))) = decode(&abort) else {
+            panic!("{:?}", decode(&abort));
+        };
+        assert_eq!(a.rid, "rid-1");
+        assert!(!a.abort_all);
+        let finish = a.finish.unwrap();
+        assert_eq!((finish.kind.as_str(), finish.message.as_deref()), ("abort", Some("Aborted")));
+    }
+
+    #[test]
+    fn a_field_count_the_table_does_not_know_fails_the_message() {
+        let short = Value::Array(vec![s("AbortReq"), s("rid-1"), Value::Nil]);
+        let Some(Err(e)) = decode(&short) else {
+            panic!("decoded a 2-field AbortReq");
+        };
+        assert_eq!(e.to_string(), "AbortReq: 2 fields, the 0.5 table has 6");
+        // Not SGLang at all: an untagged array, a map, garbage.
+        assert!(decode(&Value::Array(vec![Value::from(1)])).is_none());
+        assert!(decode(&Value::Map(vec![])).is_none());
+        assert!(decode(&Value::Map(vec![(s("rid"), s("x"))])).is_none());
+        assert!(SglangDecoder::default().decode(&[vec![0xc1, 0xff]]).is_none());
+        // Another tagged class: known by name.
+        let other = Value::Array(vec![s("FlushCacheReqInput"), s("x")]);
+        assert_eq!(
+            decode(&other).unwrap().unwrap(),
+            SglangMessage::Other("FlushCacheReqInput".into())
+        );
+    }
+
+    #[test]
+    fn a_msgpack_batch_output_reads_its_columns() {
+        let names = FIELDS_0_5.fields("BatchStrOutput").unwrap();
+        let mut values = vec![Value::Nil; names.len()];
+        let mut set = |name: &str, v: Value| {
+            let i = names.iter().position(|n| *n == name).unwrap();
+            values[i] = v;
+        };
+        set("rids", Value::Array(vec![s("a"), s("b")]));
+        set(
+            "finished_reasons",
+            Value::Array(vec![
+                Value::Nil,
+                Value::Map(vec![(s("type"), s("length")), (s("length"), Value::from(3))]),
+            ]),
+        );
+        set(
+            "output_ids",
+            Value::Array(vec![int64_array(&[5]), int64_array(&[6, 7])]),
+        );
+        set("prompt_tokens", Value::Array(vec![Value::from(10), Value::from(20)]));
+        set("completion_tokens", Value::Array(vec![Value::from(1), Value::from(3)]));
+        set("cached_tokens", Value::Array(vec![Value::from(0), Value::from(8)]));
+        let mut message = vec![s("BatchStrOutput")];
+        message.extend(values);
+        let Some(Ok(SglangMessage::Outputs(out))) = decode(&Value::Array(message)) else {
+            panic!("not decoded");
+        };
+        assert_eq!(out.stage, OutputStage::Strings);
+        let [a, b] = out.items.as_slice() else {
+            panic!("{:?}", out.items);
+        };
+        assert_eq!((a.rid.as_str(), a.new_tokens, a.finish.is_none()), ("a", 1, true));
+        assert_eq!(b.finish.as_ref().unwrap().kind, "length");
+        assert_eq!(b.new_tokens, 2);
+        assert_eq!(
+            (b.prompt_tokens, b.completion_tokens, b.cached_tokens, b.retractions),
+            (Some(20), Some(3), Some(8), None)
+        );
+        assert!(b.times.is_none());
+    }
+
+    #[test]
+    fn array_extensions_of_every_width_and_bad_ones() {
+        let Value::Ext(_, data) = int64_array(&[1, -2, 300]) else {
+            unreachable!()
+        };
+        assert_eq!(array_items(&data), Some(vec![1, -2, 300]));
+        assert_eq!(array_items(&data[..data.len() - 1]), None, "a partial item");
+        assert_eq!(array_items(&[0, 0, 0, 9, 0xa1]), None, "metadata past the end");
+        let meta = enc(&s("x"));
+        let mut bad = (meta.len() as u32).to_be_bytes().to_vec();
+        bad.extend(meta);
+        assert_eq!(array_items(&bad), None, "unknown typecode");
+    }
+}
