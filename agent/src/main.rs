@@ -23,7 +23,7 @@ use infertrace::{
     },
     pipeline::{Pipeline, PipelineOptions},
     session::{self, LiveOptions},
-    telemetry::{Clock, agent_metrics, metrics::Registry, vllm_metrics, vllm_spans::SpanOptions},
+    telemetry::{Clock, SpanOptions, agent_metrics, metrics::Registry, vllm_metrics},
 };
 
 /// Zero-code tracing for vLLM and SGLang: attach with eBPF to a running inference server and
@@ -211,6 +211,10 @@ impl OutputArgs {
                 granularity: self.granularity,
                 capture_content: self.capture_content,
                 default_model: served_model,
+                host_id: std::fs::read_to_string("/etc/machine-id")
+                    .ok()
+                    .map(|id| id.trim().to_owned())
+                    .filter(|id| !id.is_empty()),
             },
             metrics_interval_ns: (self.metrics_interval * 1e9) as u64,
             vllm_version: engine_version,
@@ -412,24 +416,40 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
 /// What the pipeline made of it, for the summary line.
 fn results(pipeline: &Pipeline) -> String {
     let s = pipeline.stats;
-    let t = pipeline.tracker_stats();
     let h = pipeline.handoff_stats();
+    let engine = match pipeline.sglang_stats() {
+        Some(g) => format!(
+            "SGLang: {} requests sent to the scheduler, {} outputs, {} undecodable messages, {} \
+             health checks left out, {} outputs of requests sent before attach, {} requests \
+             unfinished at the end, {} dropped (too many in flight)",
+            g.requests,
+            g.outputs,
+            g.undecodable,
+            g.health_checks,
+            g.outputs_without_request,
+            g.unfinished_at_end,
+            g.evicted
+        ),
+        None => {
+            let t = pipeline.tracker_stats();
+            format!(
+                "vLLM: {} requests sent to the engine, {} engine steps, {} undecodable messages, \
+                 {} requests sent before attach (or whose ADD was lost), {} requests unfinished \
+                 at the end, {} dropped (too many in flight), {} layout switches",
+                t.adds,
+                t.steps,
+                t.undecodable,
+                t.requests_without_add,
+                t.unfinished_at_end,
+                t.evicted,
+                pipeline.layout_switches()
+            )
+        }
+    };
     format!(
-        "; {} requests traced ({} spans); vLLM: {} requests sent to the engine, {} engine steps, \
-         {} undecodable messages, {} requests sent before attach (or whose ADD was lost), {} \
-         requests unfinished at the end, {} dropped (too many in flight), {} layout switches; \
-         engine outputs timed at the event loop's take-over: {}, at their arrival: {}",
-        s.traces,
-        s.spans,
-        t.adds,
-        t.steps,
-        t.undecodable,
-        t.requests_without_add,
-        t.unfinished_at_end,
-        t.evicted,
-        pipeline.layout_switches(),
-        h.taken_over,
-        h.at_arrival
+        "; {} requests traced ({} spans); {engine}; engine outputs timed at the event loop's \
+         take-over: {}, at their arrival: {}",
+        s.traces, s.spans, h.taken_over, h.at_arrival
     )
 }
 

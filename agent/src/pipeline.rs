@@ -10,15 +10,17 @@ use crate::{
     discover::engine::Engine,
     engines::{
         handoff::HandoffStats,
+        sglang::{SglangStats, SglangTrace, SglangTracker},
         vllm::{TrackerStats, VllmEvent, VllmTracker},
     },
     export::Exporter,
     telemetry::{
-        Clock, agent_metrics,
+        Clock, SpanOptions, agent_metrics,
         metrics::Registry,
-        span::IdGenerator,
+        sglang_spans,
+        span::{IdGenerator, Span},
         vllm_metrics::VllmMetrics,
-        vllm_spans::{self, SpanOptions},
+        vllm_spans,
     },
 };
 
@@ -45,6 +47,8 @@ pub struct Pipeline {
     tracker: VllmTracker,
     /// False when the traced engine is not vLLM.
     reconstruct: bool,
+    /// The SGLang tracker, when the traced engine is SGLang (it then takes every message).
+    sglang: Option<SglangTracker>,
     span_options: SpanOptions,
     clock: Clock,
     ids: IdGenerator,
@@ -93,12 +97,13 @@ impl Pipeline {
         exporters: Vec<Box<dyn Exporter>>,
     ) -> Self {
         let reconstruct = options.engine.as_ref().is_none_or(|e| *e == Engine::Vllm);
-        if !reconstruct {
+        let sglang = (options.engine == Some(Engine::Sglang)).then(|| {
             tracing::warn!(
-                "SGLang: only the API calls' entry spans are produced yet (engine spans and \
-                 metrics are vLLM only today); `--messages` shows its decoded traffic"
+                "SGLang: entry, request, thread and stage spans are produced; SGLang's metrics \
+                 are not yet"
             );
-        }
+            SglangTracker::default()
+        });
         let version = reconstruct
             .then_some(options.vllm_version.as_deref())
             .flatten();
@@ -109,6 +114,7 @@ impl Pipeline {
                 VllmDecoder::new(SCHEMAS[SCHEMAS.len() - 1])
             }),
             reconstruct,
+            sglang,
             metrics: VllmMetrics {
                 model_name: options.spans.default_model.clone(),
             },
@@ -139,7 +145,15 @@ impl Pipeline {
 
     /// How the frontend instants (first token, end) were found.
     pub fn handoff_stats(&self) -> HandoffStats {
-        self.tracker.handoff_stats()
+        match &self.sglang {
+            Some(sglang) => sglang.handoff_stats(),
+            None => self.tracker.handoff_stats(),
+        }
+    }
+
+    /// The SGLang tracker's counters, when the engine is SGLang.
+    pub fn sglang_stats(&self) -> Option<SglangStats> {
+        self.sglang.as_ref().map(|s| s.stats)
     }
 
     /// Layout switches of the vLLM decoder (messages that fitted another version's table).
@@ -149,6 +163,12 @@ impl Pipeline {
 
     /// Take a batch of decoded messages (in time order).
     pub fn handle(&mut self, batch: &[Decoded]) {
+        if let Some(sglang) = self.sglang.as_mut() {
+            for decoded in batch {
+                sglang.feed(decoded);
+            }
+            return;
+        }
         let mut events = std::mem::take(&mut self.events);
         for decoded in batch {
             // The API calls are engine-neutral (entry spans for any OpenAI-compatible
@@ -164,6 +184,10 @@ impl Pipeline {
     /// Capture time has reached `now_ns`: report what waited long enough, and the metrics
     /// when an interval has passed.
     pub fn tick(&mut self, now_ns: u64) {
+        if let Some(sglang) = self.sglang.as_mut() {
+            let traces = sglang.advance(now_ns);
+            self.emit_sglang(&traces);
+        }
         let mut events = std::mem::take(&mut self.events);
         self.tracker.advance(now_ns, &mut events);
         self.emit(&mut events);
@@ -179,6 +203,10 @@ impl Pipeline {
 
     /// End of the session: report everything, a last metrics snapshot, flush the exporters.
     pub fn finish(&mut self, now_ns: u64) {
+        if let Some(sglang) = self.sglang.as_mut() {
+            let traces = sglang.finish();
+            self.emit_sglang(&traces);
+        }
         let mut events = std::mem::take(&mut self.events);
         self.tracker.finish(&mut events);
         self.emit(&mut events);
@@ -224,11 +252,22 @@ impl Pipeline {
         drop(registry);
         for trace in &traces {
             let spans = vllm_spans::spans(trace, &self.span_options, &self.clock, &mut self.ids);
-            self.stats.traces += 1;
-            self.stats.spans += spans.len() as u64;
-            for exporter in &mut self.exporters {
-                exporter.spans(&spans);
-            }
+            self.export_spans(&spans);
+        }
+    }
+
+    fn emit_sglang(&mut self, traces: &[SglangTrace]) {
+        for trace in traces {
+            let spans = sglang_spans::spans(trace, &self.span_options, &self.clock, &mut self.ids);
+            self.export_spans(&spans);
+        }
+    }
+
+    fn export_spans(&mut self, spans: &[Span]) {
+        self.stats.traces += 1;
+        self.stats.spans += spans.len() as u64;
+        for exporter in &mut self.exporters {
+            exporter.spans(spans);
         }
     }
 }

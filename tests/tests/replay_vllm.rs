@@ -147,7 +147,7 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
     use infertrace::{
         export::jsonl::Jsonl,
         pipeline::{Pipeline, PipelineOptions},
-        telemetry::{Clock, metrics::Registry, vllm_spans::SpanOptions},
+        telemetry::{Clock, SpanOptions, metrics::Registry},
     };
     use infertrace_tests::vllm_truth;
 
@@ -163,6 +163,7 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
                         granularity: 2,
                         capture_content: true,
                         default_model: None,
+                        host_id: None,
                     },
                     metrics_interval_ns: 10_000_000_000,
                     vllm_version: Some("0.32.0+cpu".into()),

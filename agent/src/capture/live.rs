@@ -1,6 +1,11 @@
 //! Live capture: the kernel side plus the /proc look-ups that only make sense while the
 //! processes exist (is a new task a thread? what is this fd?). Their answers become events
 //! too, so a recording holds everything replay needs.
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
 use anyhow::bail;
 
 use super::{
@@ -9,7 +14,7 @@ use super::{
     records,
 };
 use crate::discover::{
-    engine::{self, Engine, EngineProcess, Role},
+    engine::{self, Engine, Role},
     procfs, sockets,
     sockets::FdKind,
 };
@@ -26,6 +31,7 @@ pub struct LiveStats {
 
 pub struct LiveCapture {
     kernel: KernelCapture,
+    roles: Roles,
     pub stats: LiveStats,
 }
 
@@ -62,6 +68,7 @@ impl LiveCapture {
         Ok((
             Self {
                 kernel,
+                roles: Roles::default(),
                 stats: LiveStats::default(),
             },
             events,
@@ -110,7 +117,7 @@ impl LiveCapture {
                     Some(kind) => {
                         // Asked per fd, not once per process: a forked child shares its
                         // parent's title until it sets its own.
-                        let kind = decoded_kind(kind, engine::identify(tgid).as_ref());
+                        let kind = decoded_kind(kind, self.roles.of(tgid));
                         // What /proc shows may already be a later incarnation of the fd
                         // number: the generation makes the kernel drop the decision then.
                         let decision = kind.capture();
@@ -147,11 +154,15 @@ impl LiveCapture {
                 }
             }
             Record::Exec { header, .. } => {
+                self.roles.forget(header.tgid);
                 if let Some(info) = process_info(header.tgid) {
                     out.push(CaptureEvent::Process(info));
                 }
             }
-            Record::Exit { header } => self.kernel.forget_process(header.tgid),
+            Record::Exit { header } => {
+                self.roles.forget(header.tgid);
+                self.kernel.forget_process(header.tgid);
+            }
             Record::Close { .. } | Record::Io { .. } => {}
         }
     }
@@ -167,18 +178,46 @@ impl LiveCapture {
 /// server's side alone, so the sockets of its other processes (the EngineCore's copies of the
 /// same messages, the workers' wake-ups) are not copied at all: decoding them only to drop
 /// them was half the agent's CPU. SGLang's processes and unknown ones are decoded whole.
-fn decoded_kind(kind: FdKind, process: Option<&EngineProcess>) -> FdKind {
-    let api_server = process.is_some_and(|p| p.role == Role::ApiServer);
+fn decoded_kind(kind: FdKind, process: Option<&(Engine, Role)>) -> FdKind {
+    let api_server = process.is_some_and(|(_, role)| *role == Role::ApiServer);
     match (kind, process) {
         (FdKind::Eventfd { .. }, _) => FdKind::Eventfd {
             watched: api_server,
         },
-        (kind, Some(p)) if kind.capture() && p.engine == Engine::Vllm && !api_server => {
-            FdKind::Other {
-                what: format!("socket of vLLM's {} (only the API server's side is decoded)", p.role),
-            }
-        }
+        (kind, Some((Engine::Vllm, role))) if kind.capture() && !api_server => FdKind::Other {
+            what: format!("socket of vLLM's {role} (only the API server's side is decoded)"),
+        },
         (kind, _) => kind,
+    }
+}
+
+/// How long a process's role is trusted: a forked child keeps its parent's title until it
+/// sets its own, so the answer is asked again after this.
+const ROLE_TTL: Duration = Duration::from_secs(1);
+
+/// Engine roles of traced processes, asked of /proc at most once per [`ROLE_TTL`].
+#[derive(Default)]
+struct Roles {
+    known: HashMap<u32, (Option<(Engine, Role)>, Instant)>,
+}
+
+impl Roles {
+    fn of(&mut self, tgid: u32) -> Option<&(Engine, Role)> {
+        let now = Instant::now();
+        let entry = self
+            .known
+            .entry(tgid)
+            .and_modify(|e| {
+                if now.duration_since(e.1) > ROLE_TTL {
+                    *e = (engine::engine_role(tgid), now);
+                }
+            })
+            .or_insert_with(|| (engine::engine_role(tgid), now));
+        entry.0.as_ref()
+    }
+
+    fn forget(&mut self, tgid: u32) {
+        self.known.remove(&tgid);
     }
 }
 
@@ -195,27 +234,13 @@ pub fn process_info(pid: u32) -> Option<ProcessInfo> {
 mod tests {
     use super::*;
 
-    fn process(engine: Engine, role: Role) -> EngineProcess {
-        EngineProcess {
-            pid: 10,
-            ppid: None,
-            engine,
-            role,
-            comm: "x".into(),
-            version: None,
-            model: None,
-            served_model_name: None,
-            listening_ports: Vec::new(),
-        }
-    }
-
     #[test]
     fn only_the_vllm_api_servers_side_is_decoded_and_only_its_eventfds_watched() {
         let unix = || FdKind::Unix { path: None };
         let eventfd = || FdKind::Eventfd { watched: false };
-        let api = process(Engine::Vllm, Role::ApiServer);
-        let core = process(Engine::Vllm, Role::EngineCore);
-        let scheduler = process(Engine::Sglang, Role::Scheduler);
+        let api = (Engine::Vllm, Role::ApiServer);
+        let core = (Engine::Vllm, Role::EngineCore);
+        let scheduler = (Engine::Sglang, Role::Scheduler);
         assert_eq!(decoded_kind(unix(), Some(&api)), unix());
         assert!(decoded_kind(eventfd(), Some(&api)).capture());
         let skipped = decoded_kind(unix(), Some(&core));

@@ -401,7 +401,8 @@ impl SglangDecoder {
     /// A msgpack `[class, fields...]` array as (class, field dict); None when it is not one.
     fn msgpack_fields(&self, bytes: &[u8]) -> Option<Result<(String, PyValue), SglangError>> {
         let mut cursor = bytes;
-        let Ok(Value::Array(items)) = rmpv::decode::read_value_with_max_depth(&mut cursor, MAX_DEPTH)
+        let Ok(Value::Array(items)) =
+            rmpv::decode::read_value_with_max_depth(&mut cursor, MAX_DEPTH)
         else {
             return None;
         };
@@ -715,7 +716,10 @@ mod tests {
         assert_eq!(a.rid, "rid-1");
         assert!(!a.abort_all);
         let finish = a.finish.unwrap();
-        assert_eq!((finish.kind.as_str(), finish.message.as_deref()), ("abort", Some("Aborted")));
+        assert_eq!(
+            (finish.kind.as_str(), finish.message.as_deref()),
+            ("abort", Some("Aborted"))
+        );
     }
 
     #[test]
@@ -729,7 +733,11 @@ mod tests {
         assert!(decode(&Value::Array(vec![Value::from(1)])).is_none());
         assert!(decode(&Value::Map(vec![])).is_none());
         assert!(decode(&Value::Map(vec![(s("rid"), s("x"))])).is_none());
-        assert!(SglangDecoder::default().decode(&[vec![0xc1, 0xff]]).is_none());
+        assert!(
+            SglangDecoder::default()
+                .decode(&[vec![0xc1, 0xff]])
+                .is_none()
+        );
         // Another tagged class: known by name.
         let other = Value::Array(vec![s("FlushCacheReqInput"), s("x")]);
         assert_eq!(
@@ -751,16 +759,28 @@ mod tests {
             "finished_reasons",
             Value::Array(vec![
                 Value::Nil,
-                Value::Map(vec![(s("type"), s("length")), (s("length"), Value::from(3))]),
+                Value::Map(vec![
+                    (s("type"), s("length")),
+                    (s("length"), Value::from(3)),
+                ]),
             ]),
         );
         set(
             "output_ids",
             Value::Array(vec![int64_array(&[5]), int64_array(&[6, 7])]),
         );
-        set("prompt_tokens", Value::Array(vec![Value::from(10), Value::from(20)]));
-        set("completion_tokens", Value::Array(vec![Value::from(1), Value::from(3)]));
-        set("cached_tokens", Value::Array(vec![Value::from(0), Value::from(8)]));
+        set(
+            "prompt_tokens",
+            Value::Array(vec![Value::from(10), Value::from(20)]),
+        );
+        set(
+            "completion_tokens",
+            Value::Array(vec![Value::from(1), Value::from(3)]),
+        );
+        set(
+            "cached_tokens",
+            Value::Array(vec![Value::from(0), Value::from(8)]),
+        );
         let mut message = vec![s("BatchStrOutput")];
         message.extend(values);
         let Some(Ok(SglangMessage::Outputs(out))) = decode(&Value::Array(message)) else {
@@ -770,11 +790,19 @@ mod tests {
         let [a, b] = out.items.as_slice() else {
             panic!("{:?}", out.items);
         };
-        assert_eq!((a.rid.as_str(), a.new_tokens, a.finish.is_none()), ("a", 1, true));
+        assert_eq!(
+            (a.rid.as_str(), a.new_tokens, a.finish.is_none()),
+            ("a", 1, true)
+        );
         assert_eq!(b.finish.as_ref().unwrap().kind, "length");
         assert_eq!(b.new_tokens, 2);
         assert_eq!(
-            (b.prompt_tokens, b.completion_tokens, b.cached_tokens, b.retractions),
+            (
+                b.prompt_tokens,
+                b.completion_tokens,
+                b.cached_tokens,
+                b.retractions
+            ),
             (Some(20), Some(3), Some(8), None)
         );
         assert!(b.times.is_none());
@@ -787,7 +815,11 @@ mod tests {
         };
         assert_eq!(array_items(&data), Some(vec![1, -2, 300]));
         assert_eq!(array_items(&data[..data.len() - 1]), None, "a partial item");
-        assert_eq!(array_items(&[0, 0, 0, 9, 0xa1]), None, "metadata past the end");
+        assert_eq!(
+            array_items(&[0, 0, 0, 9, 0xa1]),
+            None,
+            "metadata past the end"
+        );
         let meta = enc(&s("x"));
         let mut bad = (meta.len() as u32).to_be_bytes().to_vec();
         bad.extend(meta);

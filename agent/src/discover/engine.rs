@@ -113,6 +113,13 @@ pub fn identify(pid: u32) -> Option<EngineProcess> {
     describe(&chain)
 }
 
+/// The engine and role of `pid` alone, without version, model or ports (those read its
+/// maps and every fd): cheap enough to ask for each new fd.
+pub fn engine_role(pid: u32) -> Option<(Engine, Role)> {
+    let pid = procfs::tgid_of(pid).unwrap_or(pid);
+    classify(&ancestry(pid, ProcInfo::read))
+}
+
 /// All engine processes on the host, sorted by pid.
 pub fn scan() -> Vec<EngineProcess> {
     let procs: HashMap<u32, ProcInfo> = procfs::all_pids()

@@ -29,6 +29,28 @@ pub trait EngineRequestInfo {
     fn done_ns(&self) -> u64;
 }
 
+/// What the engine requests of one API call add to its entry span.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineSide {
+    /// The prompt's tokens (counted once for n>1).
+    pub input_tokens: Option<u64>,
+    /// Tokens generated over all the call's engine requests.
+    pub output_tokens: Option<u64>,
+    /// When the last engine request ended (capture time), for a call without a response.
+    pub finished_ns: Option<u64>,
+}
+
+impl EngineSide {
+    /// Input and output tokens of the call: its `usage`, else the engine's counts (a streamed
+    /// response without `include_usage` carries none).
+    pub fn tokens(&self, call: &ApiCall) -> (Option<u64>, Option<u64>) {
+        (
+            call.usage.input.or(self.input_tokens),
+            call.usage.output.or(self.output_tokens),
+        )
+    }
+}
+
 /// An API call with the capture times of its exchange (CLOCK_MONOTONIC ns).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiExchange {

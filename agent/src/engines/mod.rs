@@ -1,5 +1,7 @@
 //! Per-engine state machines: decoded messages in, finished requests (with every timestamp the
 //! spans need) and engine step reports out. Pure: no I/O, time comes from the captures.
 pub mod handoff;
+pub mod in_flight;
 pub mod join;
+pub mod sglang;
 pub mod vllm;

@@ -6,11 +6,12 @@
 //! copies of the same messages are seen too but would count everything twice. Engine times
 //! (events, step timestamps) are the engine's `time.monotonic()`, the same clock as the capture
 //! timestamps; `arrival_time` is the frontend's wall clock.
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use super::{
     handoff::{HandoffStats, Handoffs},
-    join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
+    in_flight::InFlight,
+    join::{ApiExchange, EngineRequestInfo, EngineSide, Joiner, Outcome},
 };
 use crate::decode::{
     flows::Decoded,
@@ -240,16 +241,20 @@ pub struct StepReport {
     pub preemptions: u64,
 }
 
-/// Input and output tokens of an API call: its `usage`, else what the engine counted (a
-/// streamed response without `include_usage` carries none). The prompt counts once for n>1.
+/// What a call's engine requests add to its entry span: the prompt (counted once for n>1),
+/// the tokens generated over all of them, and when the last one ended.
+pub fn engine_side(engine: &[EngineTimeline]) -> EngineSide {
+    EngineSide {
+        input_tokens: engine.iter().find_map(|e| e.prompt_tokens),
+        output_tokens: (!engine.is_empty())
+            .then(|| engine.iter().map(|e| e.completion_tokens).sum()),
+        finished_ns: engine.iter().filter_map(|e| e.finished_ns).max(),
+    }
+}
+
+/// Input and output tokens of an API call: its `usage`, else what the engine counted.
 pub fn api_tokens(call: &ApiCall, engine: &[EngineTimeline]) -> (Option<u64>, Option<u64>) {
-    let engine_input = engine.iter().find_map(|e| e.prompt_tokens);
-    let engine_output =
-        (!engine.is_empty()).then(|| engine.iter().map(|e| e.completion_tokens).sum());
-    (
-        call.usage.input.or(engine_input),
-        call.usage.output.or(engine_output),
-    )
+    engine_side(engine).tokens(call)
 }
 
 /// A finished request: the API call (when seen) and the engine requests it made.
@@ -284,9 +289,7 @@ pub struct TrackerStats {
 /// The vLLM request tracker: decoded messages in, finished requests and step reports out.
 pub struct VllmTracker {
     decoder: VllmDecoder,
-    in_flight: HashMap<String, EngineTimeline>,
-    /// ADD order, to evict the oldest.
-    order: VecDeque<String>,
+    in_flight: InFlight<EngineTimeline>,
     joiner: Joiner<EngineTimeline>,
     /// Requests the frontend aborted, with when: vLLM drops their later outputs uncounted,
     /// and so do we.
@@ -302,8 +305,7 @@ impl VllmTracker {
     pub fn new(decoder: VllmDecoder) -> Self {
         Self {
             decoder,
-            in_flight: HashMap::new(),
-            order: VecDeque::new(),
+            in_flight: InFlight::new(MAX_IN_FLIGHT),
             joiner: Joiner::default(),
             aborted: HashMap::new(),
             orphans: HashMap::new(),
@@ -421,20 +423,7 @@ impl VllmTracker {
             self.aborted_by_frontend(timeline, at_ns);
             return;
         }
-        if self.in_flight.len() >= MAX_IN_FLIGHT {
-            while let Some(oldest) = self.order.pop_front() {
-                if self.in_flight.remove(&oldest).is_some() {
-                    self.stats.evicted += 1;
-                    break;
-                }
-            }
-        }
-        self.order.push_back(timeline.request_id.clone());
-        self.in_flight.insert(timeline.request_id.clone(), timeline);
-        if self.order.len() > 2 * MAX_IN_FLIGHT {
-            let live = &self.in_flight;
-            self.order.retain(|id| live.contains_key(id));
-        }
+        self.stats.evicted += self.in_flight.insert(timeline.request_id.clone(), timeline);
     }
 
     fn step(&mut self, step: &EngineOutputs, recv_ns: u64) -> StepReport {
@@ -520,11 +509,9 @@ impl VllmTracker {
 
     /// End of the session: report everything finished; unfinished requests are counted.
     pub fn finish(&mut self, out: &mut Vec<VllmEvent>) {
-        self.stats.unfinished_at_end += self.in_flight.len() as u64;
+        self.stats.unfinished_at_end += self.in_flight.clear() as u64;
         self.stats.requests_without_add += self.orphans.len() as u64;
         self.orphans.clear();
-        self.in_flight.clear();
-        self.order.clear();
         for outcome in self.joiner.finish() {
             out.push(VllmEvent::Request(Box::new(self.trace(outcome))));
         }

@@ -1,10 +1,36 @@
 //! Request traces and engine steps -> the spec's spans and metrics (names, attributes, units
 //! and dimensions exactly as the spec writes them). Pure: exporters take it from here.
 pub mod agent_metrics;
+pub mod entry_span;
 pub mod metrics;
+pub mod sglang_spans;
 pub mod span;
 pub mod vllm_metrics;
 pub mod vllm_spans;
+
+/// What the spans contain.
+#[derive(Clone, Debug)]
+pub struct SpanOptions {
+    /// 0: entry + `llm_request`; 1: + stage spans; 2: + per-iteration events.
+    pub granularity: u8,
+    /// Prompt and output text on entry spans.
+    pub capture_content: bool,
+    /// Model name when the API call did not say (the engine's served model name).
+    pub default_model: Option<String>,
+    /// The host's identity (`/etc/machine-id`), which SGLang's thread spans carry.
+    pub host_id: Option<String>,
+}
+
+impl Default for SpanOptions {
+    fn default() -> Self {
+        Self {
+            granularity: 1,
+            capture_content: false,
+            default_model: None,
+            host_id: None,
+        }
+    }
+}
 
 /// Converts the capture clock (CLOCK_MONOTONIC, which vLLM's `time.monotonic()` also reads)
 /// and wall-clock seconds into Unix nanoseconds.

@@ -1,0 +1,302 @@
+//! SGLang: rebuilds each request's life from the messages between the TokenizerManager (main
+//! process), the scheduler and the detokenizer, and joins it to the HTTP call that caused it.
+//!
+//! Each message is captured twice, leaving one process and entering the next; which copy is
+//! used is fixed by class and direction, so nothing counts twice:
+//! - `TokenizedGenerateReqInput` leaving main: the request (`sent_ns`); entering the
+//!   scheduler: when the scheduler got it (`scheduler_recv_ns`).
+//! - `BatchTokenIDOutput` leaving the scheduler: when the scheduler finished the step that
+//!   produced it (`scheduler_output_ns`), and its time stats as the scheduler wrote them.
+//! - `BatchStrOutput` entering main: what the frontend learnt and when (first output, finish,
+//!   counts); timed at main's event loop take-over (`handoff`).
+//! - `AbortReq` leaving main: the client went away; entering main with a finish reason: the
+//!   scheduler ended a request outside the output stream (aborted while queued).
+//!
+//! Times are capture times (CLOCK_MONOTONIC ns); the scheduler's time stats are its
+//! `time.perf_counter()`, the same clock, in seconds.
+use super::{
+    handoff::{HandoffStats, Handoffs},
+    in_flight::InFlight,
+    join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
+};
+use crate::decode::{
+    flows::Decoded,
+    sglang::{
+        OutputStage, RidOutput, SchedulerTimes, SglangDecoder, SglangFinish, SglangMessage,
+        SglangRequest, SglangSampling, TraceContext,
+    },
+};
+
+/// Requests followed at once; beyond it the oldest is dropped and counted.
+const MAX_IN_FLIGHT: usize = 65_536;
+/// Capture instants kept per request (scheduler steps, outputs); later ones are counted.
+pub const MAX_STEPS_PER_REQUEST: usize = 4096;
+/// rids of SGLang's own `/health` probes (a real one-token generate).
+const HEALTH_CHECK_PREFIX: &str = "HEALTH_CHECK_";
+
+/// One SGLang engine request (one rid), as the main process and the scheduler saw it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SglangTimeline {
+    pub rid: String,
+    pub prompt_tokens: Option<u64>,
+    pub sampling: SglangSampling,
+    pub stream: bool,
+    pub bootstrap_room: Option<u64>,
+    /// SGLang's own tracing context, when its tracing is on.
+    pub trace: Option<TraceContext>,
+    /// The main (TokenizerManager) process and the scheduler that served the request.
+    pub frontend_pid: u32,
+    pub scheduler_pid: Option<u32>,
+    /// Capture time main handed the request to ZeroMQ (first byte sent).
+    pub sent_ns: u64,
+    /// Capture time the scheduler received it (last byte).
+    pub scheduler_recv_ns: Option<u64>,
+    /// Capture times the scheduler sent each output carrying this request (first byte).
+    pub scheduler_output_ns: Vec<u64>,
+    /// Capture times main took over the first and the final output (see `handoff`); a
+    /// request main aborted ends when the scheduler's abort output reached it.
+    pub first_output_ns: Option<u64>,
+    pub finished_ns: Option<u64>,
+    /// Capture times main received each output, bounded.
+    pub output_ns: Vec<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub retractions: Option<u64>,
+    pub finish: Option<SglangFinish>,
+    /// The scheduler's instants, with `--enable-metrics`.
+    pub times: Option<SchedulerTimes>,
+    /// Main sent an `AbortReq` for it (the client went away).
+    pub aborted_by_frontend: bool,
+    pub steps_dropped: u32,
+}
+
+impl SglangTimeline {
+    fn new(request: &SglangRequest, frontend_pid: u32, sent_ns: u64) -> Self {
+        Self {
+            rid: request.rid.clone(),
+            prompt_tokens: request.prompt_tokens,
+            sampling: request.sampling.clone(),
+            stream: request.stream,
+            bootstrap_room: request.bootstrap_room,
+            trace: request.trace.clone(),
+            frontend_pid,
+            sent_ns,
+            ..Self::default()
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    fn push_bounded(list: &mut Vec<u64>, ns: u64, dropped: &mut u32) {
+        if list.len() < MAX_STEPS_PER_REQUEST {
+            list.push(ns);
+        } else {
+            *dropped += 1;
+        }
+    }
+
+    /// Apply this request's part of a `BatchStrOutput` main received at `recv_ns`.
+    fn apply(&mut self, out: &RidOutput, recv_ns: u64) {
+        self.first_output_ns.get_or_insert(recv_ns);
+        Self::push_bounded(&mut self.output_ns, recv_ns, &mut self.steps_dropped);
+        // Counts are cumulative: the latest output's are the request's.
+        self.prompt_tokens = out.prompt_tokens.or(self.prompt_tokens);
+        self.completion_tokens = out.completion_tokens.or(self.completion_tokens);
+        self.cached_tokens = out.cached_tokens.or(self.cached_tokens);
+        self.retractions = out.retractions.or(self.retractions);
+        if let Some(finish) = &out.finish {
+            self.finish = Some(finish.clone());
+            self.finished_ns = Some(recv_ns);
+        }
+    }
+}
+
+impl EngineRequestInfo for SglangTimeline {
+    fn api_id(&self) -> &str {
+        &self.rid
+    }
+
+    fn sent_ns(&self) -> u64 {
+        self.sent_ns
+    }
+
+    fn done_ns(&self) -> u64 {
+        self.finished_ns.unwrap_or(self.sent_ns)
+    }
+}
+
+/// A finished request: the API call (when seen) and the engine requests it made.
+pub type SglangTrace = Outcome<SglangTimeline>;
+
+/// Counters of what the tracker saw and could not use.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct SglangStats {
+    pub requests: u64,
+    pub outputs: u64,
+    /// Messages that looked like SGLang's but did not decode.
+    pub undecodable: u64,
+    /// `/health` probes, left out of the traces.
+    pub health_checks: u64,
+    /// Outputs for a rid whose request was never seen (sent before attach, or lost).
+    pub outputs_without_request: u64,
+    pub evicted: u64,
+    pub unfinished_at_end: u64,
+}
+
+pub struct SglangTracker {
+    decoder: SglangDecoder,
+    in_flight: InFlight<SglangTimeline>,
+    joiner: Joiner<SglangTimeline>,
+    handoffs: Handoffs,
+    now_ns: u64,
+    pub stats: SglangStats,
+}
+
+impl Default for SglangTracker {
+    fn default() -> Self {
+        Self {
+            decoder: SglangDecoder::default(),
+            in_flight: InFlight::new(MAX_IN_FLIGHT),
+            joiner: Joiner::default(),
+            handoffs: Handoffs::default(),
+            now_ns: 0,
+            stats: SglangStats::default(),
+        }
+    }
+}
+
+impl SglangTracker {
+    pub fn handoff_stats(&self) -> HandoffStats {
+        self.handoffs.stats
+    }
+
+    /// Take one decoded message.
+    pub fn feed(&mut self, decoded: &Decoded) {
+        self.now_ns = self.now_ns.max(decoded.end_ns());
+        match decoded {
+            Decoded::Http { exchange, .. } => {
+                if let Some(api) = ApiExchange::from_exchange(exchange) {
+                    self.joiner.add_api(api, self.now_ns);
+                }
+            }
+            Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
+            Decoded::Zmtp {
+                tgid,
+                outgoing,
+                message,
+                ..
+            } => match self.decoder.decode(&message.frames) {
+                Some(Ok(m)) => self.message(*tgid, *outgoing, m, message.first_ns, message.last_ns),
+                Some(Err(e)) => {
+                    self.stats.undecodable += 1;
+                    tracing::debug!("undecodable SGLang message: {e}");
+                }
+                None => {}
+            },
+        }
+    }
+
+    fn message(
+        &mut self,
+        tgid: u32,
+        outgoing: bool,
+        m: SglangMessage,
+        first_ns: u64,
+        last_ns: u64,
+    ) {
+        match (m, outgoing) {
+            (SglangMessage::Request(r), true) => {
+                if r.rid.starts_with(HEALTH_CHECK_PREFIX) {
+                    self.stats.health_checks += 1;
+                    return;
+                }
+                self.stats.requests += 1;
+                let timeline = SglangTimeline::new(&r, tgid, first_ns);
+                self.stats.evicted += self.in_flight.insert(r.rid.clone(), timeline);
+            }
+            (SglangMessage::Request(r), false) => {
+                if let Some(t) = self.in_flight.get_mut(&r.rid) {
+                    t.scheduler_pid = Some(tgid);
+                    t.scheduler_recv_ns.get_or_insert(last_ns);
+                }
+            }
+            (SglangMessage::Outputs(o), true) if o.stage == OutputStage::TokenIds => {
+                for item in &o.items {
+                    if let Some(t) = self.in_flight.get_mut(&item.rid) {
+                        SglangTimeline::push_bounded(
+                            &mut t.scheduler_output_ns,
+                            first_ns,
+                            &mut t.steps_dropped,
+                        );
+                        // The scheduler's own values: the detokenizer re-bases them onto its
+                        // clock offset before passing them on (pickle mode).
+                        t.times = item.times.or(t.times);
+                    }
+                }
+            }
+            (SglangMessage::Outputs(o), false) if o.stage == OutputStage::Strings => {
+                self.stats.outputs += 1;
+                self.handoffs.received(tgid, last_ns, true);
+                for item in &o.items {
+                    self.output(item, last_ns);
+                }
+            }
+            (SglangMessage::Abort(a), true) if a.finish.is_none() => {
+                if let Some(t) = self.in_flight.get_mut(&a.rid) {
+                    t.aborted_by_frontend = true;
+                }
+            }
+            // The scheduler ended a request outside the output stream (aborted while queued).
+            (SglangMessage::Abort(a), false) if a.finish.is_some() => {
+                self.handoffs.received(tgid, last_ns, true);
+                let out = RidOutput {
+                    rid: a.rid,
+                    finish: a.finish,
+                    ..RidOutput::default()
+                };
+                self.output(&out, last_ns);
+            }
+            _ => {}
+        }
+    }
+
+    fn output(&mut self, item: &RidOutput, recv_ns: u64) {
+        let Some(t) = self.in_flight.get_mut(&item.rid) else {
+            if !item.rid.starts_with(HEALTH_CHECK_PREFIX) {
+                self.stats.outputs_without_request += 1;
+            }
+            return;
+        };
+        t.apply(item, recv_ns);
+        if t.is_finished()
+            && let Some(t) = self.in_flight.remove(&item.rid)
+        {
+            self.joiner.add_engine(t);
+        }
+    }
+
+    /// Report what has waited long enough at capture time `now_ns`.
+    pub fn advance(&mut self, now_ns: u64) -> Vec<SglangTrace> {
+        self.now_ns = self.now_ns.max(now_ns);
+        let outcomes = self.joiner.advance(self.now_ns);
+        outcomes.into_iter().map(|o| self.trace(o)).collect()
+    }
+
+    /// End of the session: report everything finished; unfinished requests are counted.
+    pub fn finish(&mut self) -> Vec<SglangTrace> {
+        self.stats.unfinished_at_end += self.in_flight.clear() as u64;
+        let outcomes = self.joiner.finish();
+        outcomes.into_iter().map(|o| self.trace(o)).collect()
+    }
+
+    /// Frontend instants moved to when main's event loop took the outputs over.
+    fn trace(&self, mut outcome: SglangTrace) -> SglangTrace {
+        for t in &mut outcome.engine {
+            t.first_output_ns = t.first_output_ns.map(|ns| self.handoffs.taken_at(ns));
+            t.finished_ns = t.finished_ns.map(|ns| self.handoffs.taken_at(ns));
+        }
+        outcome
+    }
+}

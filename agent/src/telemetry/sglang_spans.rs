@@ -1,0 +1,361 @@
+//! SGLang spans as the spec lists them: the entry span of an OpenAI call, and under it the
+//! native hierarchy SGLang's own tracing produces, one per engine request (rid):
+//!
+//! ```text
+//! chat {model}
+//! └─ " Req <rid[:8]>"                           request span (role empty: not PD)
+//!    ├─ "Tokenizer(host:… | pid:…)"            main process
+//!    │  └─ tokenize                            (+ api_server_dispatch, see below)
+//!    └─ "Scheduler (host:… | pid:…)"           scheduler process
+//!       ├─ request_process, prefill_waiting, prefill_forward   (scheduler time stats)
+//!       └─ decode_forward
+//!          └─ decode_loop × steps               (streamed requests)
+//! ```
+//!
+//! Which instant each edge is (docs/accuracy.md has the measured differences):
+//! - created (request and Tokenizer start): SGLang's own `trace_ctx.start_time_ns` when its
+//!   tracing is on, else the last byte of the HTTP request body, else the request's send.
+//! - dispatched (Tokenizer end): main's ZeroMQ send of the request. SGLang's split between
+//!   `tokenize` and `api_server_dispatch` is not on the wire: the one `tokenize` span covers
+//!   both and says so (`infertrace.includes_dispatch`); no `api_server_dispatch` is invented.
+//! - the scheduler's instants (`wait_queue_entry`, `forward_entry`, `prefill_finished`) are
+//!   its own, sent with `--enable-metrics`; without them those three stages are left out.
+//! - scheduler start: its receipt of the request; scheduler end (`decode_forward` end): its
+//!   send of the request's final output, just after SGLang stamps completion.
+//! - decode_loop: one per decode step, ending at the scheduler's send of that step's output;
+//!   only streamed requests get an output per step, so only they get decode_loop spans.
+//! - first token and finish: main's event loop taking the output over (`handoff`); for a
+//!   non-streamed request with scheduler time stats, the scheduler's prefill end, as SGLang.
+//!
+//! Request-span latencies are float seconds (the spec's unit for SGLang); thread ranks and
+//! span links are not produced yet.
+use super::{
+    Clock, SpanOptions,
+    entry_span::{entry_span, push_opt},
+    span::{AttrValue, Attributes, IdGenerator, Span},
+};
+use crate::engines::{
+    join::{ApiExchange, EngineSide},
+    sglang::{SglangTimeline, SglangTrace},
+};
+
+/// The spans of one SGLang request trace, parents before children.
+pub fn spans(
+    trace: &SglangTrace,
+    options: &SpanOptions,
+    clock: &Clock,
+    ids: &mut IdGenerator,
+) -> Vec<Span> {
+    let mut out = Vec::new();
+    let model = trace
+        .api
+        .as_ref()
+        .and_then(|a| a.call.model.clone().or(a.call.response_model.clone()))
+        .or_else(|| options.default_model.clone());
+    let parent = trace.api.as_ref().map(|api| {
+        let side = engine_side(&trace.engine);
+        let mut entry = entry_span(api, &side, model.as_deref(), options, clock, ids);
+        sglang_entry_attributes(&mut entry.attributes, api, &trace.engine, clock);
+        let parent = (entry.trace_id, entry.span_id);
+        out.push(entry);
+        parent
+    });
+    for t in &trace.engine {
+        let (trace_id, parent_span) = match parent {
+            Some((trace, span)) => (trace, Some(span)),
+            None => (ids.trace_id(), None),
+        };
+        request_spans(
+            t,
+            trace.api.as_ref(),
+            trace_id,
+            parent_span,
+            options,
+            clock,
+            ids,
+            &mut out,
+        );
+    }
+    out
+}
+
+/// What a call's engine requests add to its entry span: the prompt once, the tokens of all.
+fn engine_side(engine: &[SglangTimeline]) -> EngineSide {
+    EngineSide {
+        input_tokens: engine.iter().find_map(|e| e.prompt_tokens),
+        output_tokens: engine
+            .iter()
+            .map(|e| e.completion_tokens)
+            .sum::<Option<u64>>(),
+        finished_ns: engine.iter().filter_map(|e| e.finished_ns).max(),
+    }
+}
+
+/// The SGLang entry span's own attributes: e2e in seconds, cached prompt tokens.
+fn sglang_entry_attributes(
+    a: &mut Attributes,
+    api: &ApiExchange,
+    engine: &[SglangTimeline],
+    clock: &Clock,
+) {
+    if let Some(end) = api.response_last_ns {
+        let e2e = clock
+            .unix_ns(end)
+            .saturating_sub(clock.unix_ns(api.request_first_ns));
+        a.push(("gen_ai.latency.e2e", (e2e as f64 / 1e9).into()));
+    }
+    push_opt(
+        a,
+        "gen_ai.usage.cache_read.input_tokens",
+        engine.iter().find_map(|e| e.cached_tokens),
+    );
+}
+
+/// The instants of one request, in Unix ns.
+struct Instants {
+    created: u64,
+    dispatched: u64,
+    first_token: Option<u64>,
+    finished: Option<u64>,
+}
+
+fn instants(t: &SglangTimeline, api: Option<&ApiExchange>, clock: &Clock) -> Instants {
+    let dispatched = clock.unix_ns(t.sent_ns);
+    let created = t
+        .trace
+        .as_ref()
+        .and_then(|c| c.start_time_ns)
+        .or_else(|| api.map(|a| clock.unix_ns(a.request_last_ns)))
+        .unwrap_or(dispatched);
+    // SGLang takes a non-streamed request's first token from the scheduler when it can.
+    let prefill_end = t
+        .times
+        .and_then(|s| s.prefill_finished)
+        .filter(|_| !t.stream)
+        .map(|s| clock.unix_ns_of_mono_secs(s));
+    Instants {
+        created,
+        dispatched,
+        first_token: prefill_end.or(t.first_output_ns.map(|n| clock.unix_ns(n))),
+        finished: t.finished_ns.map(|n| clock.unix_ns(n)),
+    }
+}
+
+fn seconds(from: u64, to: u64) -> AttrValue {
+    (to.saturating_sub(from) as f64 / 1e9).into()
+}
+
+/// `rid.split("_")[-1]`, as SGLang names and tags its request span.
+fn short_rid(rid: &str) -> &str {
+    rid.rsplit('_').next().unwrap_or(rid)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn request_spans(
+    t: &SglangTimeline,
+    api: Option<&ApiExchange>,
+    trace_id: [u8; 16],
+    parent: Option<[u8; 8]>,
+    options: &SpanOptions,
+    clock: &Clock,
+    ids: &mut IdGenerator,
+    out: &mut Vec<Span>,
+) {
+    let at = instants(t, api, clock);
+    let end = at.finished.unwrap_or(at.dispatched).max(at.created);
+    let rid = short_rid(&t.rid);
+    let mut a: Attributes = Vec::with_capacity(20);
+    a.push(("rid", rid.into()));
+    a.push(("module", "sglang::request".into()));
+    if let Some(room) = t.bootstrap_room {
+        a.push(("bootstrap_room", format!("{room:x}").into()));
+    }
+    a.push(("gen_ai.request.id", t.rid.as_str().into()));
+    let call = api.map(|a| &a.call);
+    push_opt(
+        &mut a,
+        "gen_ai.request.temperature",
+        call.and_then(|c| c.temperature).filter(|v| *v != 0.0),
+    );
+    push_opt(
+        &mut a,
+        "gen_ai.request.top_p",
+        call.and_then(|c| c.top_p).or(t.sampling.top_p),
+    );
+    push_opt(&mut a, "gen_ai.request.top_k", call.and_then(|c| c.top_k));
+    push_opt(
+        &mut a,
+        "gen_ai.request.n",
+        call.and_then(|c| c.n).or(t.sampling.n),
+    );
+    push_opt(
+        &mut a,
+        "gen_ai.request.max_tokens",
+        call.and_then(|c| c.max_tokens)
+            .or(t.sampling.max_new_tokens),
+    );
+    push_opt(
+        &mut a,
+        "gen_ai.response.model",
+        options.default_model.clone(),
+    );
+    if let Some(finish) = &t.finish {
+        a.push((
+            "gen_ai.response.finish_reasons",
+            format!("[\"{}\"]", finish.kind).into(),
+        ));
+    }
+    push_opt(&mut a, "gen_ai.usage.prompt_tokens", t.prompt_tokens);
+    push_opt(
+        &mut a,
+        "gen_ai.usage.completion_tokens",
+        t.completion_tokens,
+    );
+    push_opt(&mut a, "gen_ai.usage.cached_tokens", t.cached_tokens);
+    if let Some(first) = at.first_token {
+        a.push((
+            "gen_ai.latency.time_to_first_token",
+            seconds(at.created, first),
+        ));
+        a.push((
+            "gen_ai.latency.time_in_model_prefill",
+            seconds(at.dispatched, first),
+        ));
+        if let Some(done) = at.finished {
+            a.push(("gen_ai.latency.time_in_model_decode", seconds(first, done)));
+        }
+    }
+    if let Some(done) = at.finished {
+        a.push(("gen_ai.latency.e2e", seconds(at.created, done)));
+        a.push((
+            "gen_ai.latency.time_in_model_inference",
+            seconds(at.dispatched, done),
+        ));
+    }
+    let request = Span {
+        trace_id,
+        span_id: ids.span_id(),
+        parent_span_id: parent,
+        name: format!(" Req {}", rid.get(..8).unwrap_or(rid)),
+        start_time_unix_nano: at.created,
+        end_time_unix_nano: end,
+        attributes: a,
+        events: Vec::new(),
+        error: None,
+    };
+    let request_id = request.span_id;
+    out.push(request);
+    let mut child =
+        |name: String, start: u64, end: u64, parent: [u8; 8], attributes: Attributes| {
+            let span = Span {
+                trace_id,
+                span_id: ids.span_id(),
+                parent_span_id: Some(parent),
+                name,
+                start_time_unix_nano: start,
+                end_time_unix_nano: end.max(start),
+                attributes,
+                events: Vec::new(),
+                error: None,
+            };
+            let id = span.span_id;
+            out.push(span);
+            id
+        };
+    let host = options.host_id.as_deref();
+    let tokenizer = child(
+        thread_name("Tokenizer", host, t.frontend_pid),
+        at.created,
+        at.dispatched,
+        request_id,
+        thread_attributes("Tokenizer", host, t.frontend_pid),
+    );
+    child(
+        "tokenize".into(),
+        at.created,
+        at.dispatched,
+        tokenizer,
+        vec![("infertrace.includes_dispatch", true.into())],
+    );
+    let (Some(pid), Some(recv)) = (t.scheduler_pid, t.scheduler_recv_ns) else {
+        return;
+    };
+    let recv = clock.unix_ns(recv);
+    let mono = |s: f64| clock.unix_ns_of_mono_secs(s);
+    let completion = t.scheduler_output_ns.last().map(|n| clock.unix_ns(*n));
+    let scheduler = child(
+        thread_name("Scheduler", host, pid),
+        recv,
+        completion.unwrap_or(recv),
+        request_id,
+        thread_attributes("Scheduler", host, pid),
+    );
+    let times = t.times.unwrap_or_default();
+    let stages = [
+        (
+            "request_process",
+            Some(recv),
+            times.wait_queue_entry.map(mono),
+        ),
+        (
+            "prefill_waiting",
+            times.wait_queue_entry.map(mono),
+            times.forward_entry.map(mono),
+        ),
+        (
+            "prefill_forward",
+            times.forward_entry.map(mono),
+            times.prefill_finished.map(mono),
+        ),
+    ];
+    for (name, start, end) in stages {
+        if let (Some(start), Some(end)) = (start, end) {
+            child(name.into(), start, end, scheduler, Vec::new());
+        }
+    }
+    // Decode: from the prefill's end (or the first output of a streamed request) to the
+    // final output, with one loop per further output of a streamed request.
+    let steps: Vec<u64> = t
+        .scheduler_output_ns
+        .iter()
+        .map(|n| clock.unix_ns(*n))
+        .collect();
+    let decode_start = times
+        .prefill_finished
+        .map(mono)
+        .or_else(|| t.stream.then(|| steps.first().copied()).flatten());
+    let (Some(start), Some(end)) = (decode_start, completion) else {
+        return;
+    };
+    if t.completion_tokens.unwrap_or(0) < 2 {
+        return;
+    }
+    let decode = child("decode_forward".into(), start, end, scheduler, Vec::new());
+    if t.stream {
+        let mut from = start;
+        for (ct, &to) in steps.iter().skip(1).enumerate() {
+            child(
+                "decode_loop".into(),
+                from,
+                to,
+                decode,
+                vec![("decode_ct", (ct as i64).into())],
+            );
+            from = to;
+        }
+    }
+}
+
+/// `{label}(host:{id[:8]} | pid:{pid})`, SGLang's thread span name without ranks.
+fn thread_name(label: &str, host: Option<&str>, pid: u32) -> String {
+    let host = host.map_or("unknown", |h| h.get(..8).unwrap_or(h));
+    format!("{label}(host:{host} | pid:{pid})")
+}
+
+fn thread_attributes(label: &str, host: Option<&str>, pid: u32) -> Attributes {
+    let mut a: Attributes = Vec::with_capacity(3);
+    push_opt(&mut a, "host_id", host);
+    a.push(("pid", i64::from(pid).into()));
+    a.push(("thread_label", label.into()));
+    a
+}
