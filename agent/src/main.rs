@@ -447,9 +447,10 @@ fn results(pipeline: &Pipeline) -> String {
         }
     };
     format!(
-        "; {} requests traced ({} spans); {engine}; engine outputs timed at the event loop's \
-         take-over: {}, at their arrival: {}",
-        s.traces, s.spans, h.taken_over, h.at_arrival
+        "; {} requests traced ({} spans); {engine}; messages timed at the event loop's \
+         take-over: {}, at their arrival: {}; sends timed at the hand-over to libzmq: {}, at \
+         the send: {}",
+        s.traces, s.spans, h.taken_over, h.at_arrival, h.handed_over, h.at_send
     )
 }
 

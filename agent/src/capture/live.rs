@@ -173,16 +173,19 @@ impl LiveCapture {
     }
 }
 
-/// What is decoded of an fd of a process: an API server's eventfds are watched (libzmq's
-/// mailboxes of the sockets its event loop reads); vLLM's requests are rebuilt from the API
+/// What is decoded of an fd of a process: the eventfds of an API server and of an SGLang
+/// scheduler are watched (libzmq's mailboxes: when a message was taken or handed over); vLLM's requests are rebuilt from the API
 /// server's side alone, so the sockets of its other processes (the EngineCore's copies of the
 /// same messages, the workers' wake-ups) are not copied at all: decoding them only to drop
 /// them was half the agent's CPU. SGLang's processes and unknown ones are decoded whole.
 fn decoded_kind(kind: FdKind, process: Option<&(Engine, Role)>) -> FdKind {
     let api_server = process.is_some_and(|(_, role)| *role == Role::ApiServer);
+    // SGLang's scheduler polls its socket between forward passes: its mailbox reads time
+    // the requests it takes, its mailbox writes the outputs it sends.
+    let sglang_scheduler = process == Some(&(Engine::Sglang, Role::Scheduler));
     match (kind, process) {
         (FdKind::Eventfd { .. }, _) => FdKind::Eventfd {
-            watched: api_server,
+            watched: api_server || sglang_scheduler,
         },
         (kind, Some((Engine::Vllm, role))) if kind.capture() && !api_server => FdKind::Other {
             what: format!("socket of vLLM's {role} (only the API server's side is decoded)"),
@@ -248,6 +251,9 @@ mod tests {
         assert!(!decoded_kind(eventfd(), Some(&core)).capture());
         // SGLang's processes and processes of no known engine: every socket.
         assert_eq!(decoded_kind(unix(), Some(&scheduler)), unix());
+        assert!(decoded_kind(eventfd(), Some(&scheduler)).capture());
+        let detokenizer = (Engine::Sglang, Role::Detokenizer);
+        assert!(!decoded_kind(eventfd(), Some(&detokenizer)).capture());
         assert_eq!(decoded_kind(unix(), None), unix());
         assert!(!decoded_kind(eventfd(), None).capture());
     }

@@ -1,6 +1,6 @@
-//! When a frontend's event loop took over a message its ZeroMQ I/O thread had received.
+//! When a process's event loop took over a message its ZeroMQ I/O thread had received.
 //!
-//! vLLM stamps a request's first token and its end (the frontend-clock latencies: time to
+//! vLLM stamps a request's first token and its end (the process-clock latencies: time to
 //! first token, e2e) when its asyncio loop handles the engine's output, not when the bytes
 //! reach the process. The bytes are received by libzmq's I/O thread (the syscall the agent
 //! captures); when the loop had drained the socket and gone to sleep, the I/O thread wakes it
@@ -17,6 +17,13 @@
 //! - A message no write followed arrived while the loop was still busy with earlier ones: it was
 //!   taken over at some instant after it arrived that no syscall shows, so its arrival stands
 //!   (a lower bound) and it is counted as such.
+//!
+//! Sending is the mirror image: the application thread's `send` queues the message and, when
+//! the I/O thread was idle, wakes it by writing the I/O thread's mailbox; the I/O thread's
+//! write to the socket (the syscall captured) comes after. The application's instant (SGLang's
+//! "dispatched", the scheduler's end of a step) is that mailbox write: the eventfd most often
+//! written just before sends, learned by votes like the receive side's. Each write hands over
+//! one message; a message sent with no write before it keeps its send time (counted).
 use std::collections::{HashMap, VecDeque};
 
 use crate::decode::flows::Wakeup;
@@ -26,11 +33,13 @@ const SIGNAL_WINDOW_NS: u64 = 1_000_000;
 /// Votes an eventfd needs before it is taken for the output socket's mailbox. Outputs before
 /// that keep their arrival (counted): a wrong mailbox would misplace instants, uncounted.
 const VOTES_NEEDED: u32 = 3;
+/// Eventfd writes remembered per process, to find the one that woke the I/O thread for a send.
+const RECENT_WRITES: usize = 32;
 /// Take-over instants kept for lookup, the oldest going first: at a hundred engine steps a
 /// second, over twenty minutes; a request whose first token is older reports its arrival.
 const MAX_KEPT: usize = 131_072;
 
-/// How the frontend instants of finished requests were found.
+/// How the process instants of finished requests were found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HandoffStats {
     /// Messages whose take-over by the event loop was seen (a mailbox read).
@@ -38,6 +47,10 @@ pub struct HandoffStats {
     /// Messages kept at their arrival time: received while the loop was busy, before the
     /// mailbox was learned, or in a capture without eventfds.
     pub at_arrival: u64,
+    /// Messages sent whose hand-over to the I/O thread was seen (its mailbox write).
+    pub handed_over: u64,
+    /// Messages sent timed at the I/O thread's write (it was already awake, or no eventfds).
+    pub at_send: u64,
 }
 
 /// A message received, waiting to learn when the loop took it.
@@ -48,9 +61,9 @@ struct Arrival {
     keep: bool,
 }
 
-/// One frontend process's output socket, as far as its wakeups tell.
+/// One process's ZeroMQ sockets, as far as its wakeups tell.
 #[derive(Default)]
-struct Frontend {
+struct Process {
     votes: HashMap<u32, u32>,
     mailbox: Option<u32>,
     /// The latest message with no mailbox write since; it may be about to signal.
@@ -61,12 +74,17 @@ struct Frontend {
     signalled: Option<Vec<Arrival>>,
     /// The latest mailbox read: a write record older than it was already consumed.
     last_read_ns: u64,
+    /// The latest eventfd writes (fd, ns), oldest first.
+    recent_writes: VecDeque<(u32, u64)>,
+    send_votes: HashMap<u32, u32>,
+    /// The I/O thread's mailbox, written by the application thread to have a message sent.
+    send_mailbox: Option<u32>,
 }
 
-/// Take-over instants of received messages, per frontend process.
+/// Take-over instants of received messages, per process process.
 #[derive(Default)]
 pub struct Handoffs {
-    frontends: HashMap<u32, Frontend>,
+    processes: HashMap<u32, Process>,
     taken: HashMap<u64, u64>,
     order: VecDeque<u64>,
     pub stats: HandoffStats,
@@ -76,50 +94,81 @@ impl Handoffs {
     /// Process `tgid` received an engine output message completed at `ns`. `keep`: its
     /// take-over instant will be asked for.
     pub fn received(&mut self, tgid: u32, ns: u64, keep: bool) {
-        let frontend = self.frontends.entry(tgid).or_default();
+        let process = self.processes.entry(tgid).or_default();
         let arrival = Arrival { ns, keep };
-        if let Some(waiting) = frontend.signalled.as_mut() {
+        if let Some(waiting) = process.signalled.as_mut() {
             waiting.push(arrival);
             return;
         }
-        if let Some(earlier) = frontend.candidate.replace(arrival) {
+        if let Some(earlier) = process.candidate.replace(arrival) {
             self.stats.at_arrival += u64::from(earlier.keep);
         }
-        frontend.voted = false;
+        process.voted = false;
+    }
+
+    /// Process `tgid`'s I/O thread started writing a message at `ns`. `keep`: its hand-over
+    /// instant will be asked for ([`Handoffs::taken_at`] answers for it too).
+    pub fn sent(&mut self, tgid: u32, ns: u64, keep: bool) {
+        let process = self.processes.entry(tgid).or_default();
+        let latest = process
+            .recent_writes
+            .iter()
+            .rposition(|&(_, w)| w <= ns)
+            .filter(|&i| ns - process.recent_writes[i].1 <= SIGNAL_WINDOW_NS);
+        let Some(i) = latest else {
+            self.stats.at_send += u64::from(keep);
+            return;
+        };
+        let (fd, w) = process.recent_writes[i];
+        vote(&mut process.send_votes, &mut process.send_mailbox, fd);
+        if process.send_mailbox != Some(fd) {
+            self.stats.at_send += u64::from(keep);
+            return;
+        }
+        // One write wakes the I/O thread once: later messages it sent were queued later.
+        process.recent_writes.remove(i);
+        if keep {
+            self.stats.handed_over += 1;
+            self.remember(ns, w);
+        }
     }
 
     /// A watched eventfd was read or written.
     pub fn wakeup(&mut self, w: &Wakeup) {
-        let frontend = self.frontends.entry(w.tgid).or_default();
+        let process = self.processes.entry(w.tgid).or_default();
         if w.write {
-            if w.ns <= frontend.last_read_ns {
+            if process.recent_writes.len() >= RECENT_WRITES {
+                process.recent_writes.pop_front();
+            }
+            process.recent_writes.push_back((w.fd, w.ns));
+            if w.ns <= process.last_read_ns {
                 return;
             }
-            let follows = frontend
+            let follows = process
                 .candidate
                 .filter(|c| w.ns >= c.ns && w.ns - c.ns <= SIGNAL_WINDOW_NS);
-            if follows.is_some() && !frontend.voted {
-                frontend.voted = true;
-                frontend.vote(w.fd);
+            if follows.is_some() && !process.voted {
+                process.voted = true;
+                vote(&mut process.votes, &mut process.mailbox, w.fd);
             }
-            if frontend.mailbox == Some(w.fd) && frontend.signalled.is_none() {
-                let candidate = frontend.candidate.take();
+            if process.mailbox == Some(w.fd) && process.signalled.is_none() {
+                let candidate = process.candidate.take();
                 if follows.is_none() {
                     // Too late to be its signal: it was taken by a loop already awake.
                     self.stats.at_arrival += u64::from(candidate.is_some_and(|c| c.keep));
                 }
-                frontend.signalled = Some(follows.into_iter().collect());
+                process.signalled = Some(follows.into_iter().collect());
             }
             return;
         }
-        if frontend.mailbox != Some(w.fd) {
+        if process.mailbox != Some(w.fd) {
             return;
         }
-        frontend.last_read_ns = w.ns;
-        let woken = match frontend.signalled.take() {
+        process.last_read_ns = w.ns;
+        let woken = match process.signalled.take() {
             Some(waiting) => waiting,
             // The write's record is behind the read's in the ring: it signalled the candidate.
-            None => frontend
+            None => process
                 .candidate
                 .take()
                 .filter(|c| c.ns <= w.ns)
@@ -131,16 +180,21 @@ impl Handoffs {
         }
     }
 
-    /// When the message received at `received_ns` was taken over by its event loop: the
-    /// mailbox read that woke the loop for it, else its arrival.
-    pub fn taken_at(&self, received_ns: u64) -> u64 {
-        self.taken.get(&received_ns).copied().unwrap_or(received_ns)
+    /// When the message received at `received_ns` was taken over by its event loop (the
+    /// mailbox read that woke the loop for it), or the message sent at that time was handed
+    /// to the I/O thread (the mailbox write that woke it); else that time itself.
+    pub fn taken_at(&self, ns: u64) -> u64 {
+        self.taken.get(&ns).copied().unwrap_or(ns)
     }
 
     fn keep(&mut self, received_ns: u64, taken_ns: u64) {
         self.stats.taken_over += 1;
-        if self.taken.insert(received_ns, taken_ns).is_none() {
-            self.order.push_back(received_ns);
+        self.remember(received_ns, taken_ns);
+    }
+
+    fn remember(&mut self, captured_ns: u64, instant_ns: u64) {
+        if self.taken.insert(captured_ns, instant_ns).is_none() {
+            self.order.push_back(captured_ns);
         }
         if self.order.len() > MAX_KEPT
             && let Some(oldest) = self.order.pop_front()
@@ -150,15 +204,14 @@ impl Handoffs {
     }
 }
 
-impl Frontend {
-    fn vote(&mut self, fd: u32) {
-        let votes = self.votes.entry(fd).or_default();
-        *votes += 1;
-        let votes = *votes;
-        let leader = self.mailbox.and_then(|m| self.votes.get(&m)).copied();
-        if votes >= VOTES_NEEDED && leader.is_none_or(|l| votes > l) {
-            self.mailbox = Some(fd);
-        }
+/// One vote for `fd`; the fd with the most votes (at least [`VOTES_NEEDED`]) is the mailbox.
+fn vote(votes: &mut HashMap<u32, u32>, mailbox: &mut Option<u32>, fd: u32) {
+    let count = votes.entry(fd).or_default();
+    *count += 1;
+    let count = *count;
+    let leader = mailbox.and_then(|m| votes.get(&m)).copied();
+    if count >= VOTES_NEEDED && leader.is_none_or(|l| count > l) {
+        *mailbox = Some(fd);
     }
 }
 
@@ -213,7 +266,8 @@ mod tests {
             h.stats,
             HandoffStats {
                 taken_over: 2,
-                at_arrival: 2
+                at_arrival: 2,
+                ..HandoffStats::default()
             }
         );
     }
@@ -283,5 +337,40 @@ mod tests {
         h.wakeup(&wakeup(MAILBOX, t + 10 * MS + 10 * US, true));
         h.wakeup(&wakeup(MAILBOX, t + 12 * MS, false));
         assert_eq!(h.taken_at(t + 10 * MS), t + 10 * MS);
+    }
+
+    #[test]
+    fn a_send_is_handed_over_at_the_write_that_woke_the_io_thread() {
+        const IO_MAILBOX: u32 = 40;
+        let mut h = Handoffs::default();
+        let app_signal = |at: u64| Wakeup {
+            tgid: PID,
+            tid: PID,
+            fd: IO_MAILBOX,
+            ns: at,
+            write: true,
+        };
+        // Three sends, each woken by the application thread's write 50 us before: the third
+        // vote makes that eventfd the I/O thread's mailbox.
+        for i in 1..=3 {
+            let at = i * 10 * MS;
+            h.wakeup(&app_signal(at - 50 * US));
+            h.sent(PID, at, true);
+            let handed = if i == 3 { at - 50 * US } else { at };
+            assert_eq!(h.taken_at(at), handed, "send {i}");
+        }
+        // Two messages out of one wake-up: the second was queued later, its send time stays.
+        h.wakeup(&app_signal(40 * MS));
+        h.sent(PID, 40 * MS + 30 * US, true);
+        h.sent(PID, 40 * MS + 60 * US, true);
+        assert_eq!(h.taken_at(40 * MS + 30 * US), 40 * MS);
+        assert_eq!(h.taken_at(40 * MS + 60 * US), 40 * MS + 60 * US);
+        // A write long before, or another eventfd's, hands nothing over.
+        h.wakeup(&app_signal(50 * MS));
+        h.sent(PID, 50 * MS + 2 * SIGNAL_WINDOW_NS, true);
+        h.wakeup(&wakeup(OTHER, 60 * MS, true));
+        h.sent(PID, 60 * MS + 10 * US, true);
+        assert_eq!(h.taken_at(60 * MS + 10 * US), 60 * MS + 10 * US);
+        assert_eq!((h.stats.handed_over, h.stats.at_send), (2, 5));
     }
 }

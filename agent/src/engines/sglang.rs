@@ -12,7 +12,9 @@
 //! - `AbortReq` leaving main: the client went away; entering main with a finish reason: the
 //!   scheduler ended a request outside the output stream (aborted while queued).
 //!
-//! Times are capture times (CLOCK_MONOTONIC ns); the scheduler's time stats are its
+//! Times are capture times (CLOCK_MONOTONIC ns), moved to the application thread's instant
+//! where its eventfds show it (`handoff`: a message taken over by main's event loop or the
+//! scheduler's loop, a message handed to the I/O thread); the scheduler's time stats are its
 //! `time.perf_counter()`, the same clock, in seconds.
 use super::{
     handoff::{HandoffStats, Handoffs},
@@ -213,16 +215,19 @@ impl SglangTracker {
                     return;
                 }
                 self.stats.requests += 1;
+                self.handoffs.sent(tgid, first_ns, true);
                 let timeline = SglangTimeline::new(&r, tgid, first_ns);
                 self.stats.evicted += self.in_flight.insert(r.rid.clone(), timeline);
             }
             (SglangMessage::Request(r), false) => {
+                self.handoffs.received(tgid, last_ns, true);
                 if let Some(t) = self.in_flight.get_mut(&r.rid) {
                     t.scheduler_pid = Some(tgid);
                     t.scheduler_recv_ns.get_or_insert(last_ns);
                 }
             }
             (SglangMessage::Outputs(o), true) if o.stage == OutputStage::TokenIds => {
+                self.handoffs.sent(tgid, first_ns, true);
                 for item in &o.items {
                     if let Some(t) = self.in_flight.get_mut(&item.rid) {
                         SglangTimeline::push_bounded(
@@ -291,11 +296,18 @@ impl SglangTracker {
         outcomes.into_iter().map(|o| self.trace(o)).collect()
     }
 
-    /// Frontend instants moved to when main's event loop took the outputs over.
+    /// Capture instants moved to the application's: when main's event loop or the scheduler
+    /// took a message over, when main or the scheduler handed one to its I/O thread.
     fn trace(&self, mut outcome: SglangTrace) -> SglangTrace {
+        let at = |ns: u64| self.handoffs.taken_at(ns);
         for t in &mut outcome.engine {
-            t.first_output_ns = t.first_output_ns.map(|ns| self.handoffs.taken_at(ns));
-            t.finished_ns = t.finished_ns.map(|ns| self.handoffs.taken_at(ns));
+            t.sent_ns = at(t.sent_ns);
+            t.scheduler_recv_ns = t.scheduler_recv_ns.map(at);
+            for ns in &mut t.scheduler_output_ns {
+                *ns = at(*ns);
+            }
+            t.first_output_ns = t.first_output_ns.map(at);
+            t.finished_ns = t.finished_ns.map(at);
         }
         outcome
     }

@@ -915,7 +915,8 @@ mod tests {
             t.handoff_stats(),
             HandoffStats {
                 taken_over: 3,
-                at_arrival: 2
+                at_arrival: 2,
+                ..HandoffStats::default()
             }
         );
     }

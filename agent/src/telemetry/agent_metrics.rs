@@ -67,13 +67,22 @@ pub const AT_ARRIVAL: MetricDef = counter(
     "Engine outputs timed at their arrival in the frontend (its loop was busy, or its mailbox \
      was not known yet): their requests' first-token and end times are lower bounds.",
 );
+pub const HANDED_OVER: MetricDef = counter(
+    "infertrace_sends_handed_over_total",
+    "Messages sent timed when the application handed them to libzmq's I/O thread.",
+);
+pub const AT_SEND: MetricDef = counter(
+    "infertrace_sends_at_send_total",
+    "Messages sent timed at the I/O thread's write (it was awake already, or its mailbox was \
+     not known yet): a little later than the application's send.",
+);
 pub const TRACES: MetricDef = counter(
     "infertrace_traces_total",
     "Request traces reported (an API call with its engine requests).",
 );
 
 /// Every agent metric, for exporters that declare instruments up front.
-pub static ALL: [&MetricDef; 13] = [
+pub static ALL: [&MetricDef; 15] = [
     &CAPTURED_SYSCALLS,
     &LOST_RECORDS,
     &TRUNCATED_SYSCALLS,
@@ -86,6 +95,8 @@ pub static ALL: [&MetricDef; 13] = [
     &LAYOUT_SWITCHES,
     &TAKEN_OVER,
     &AT_ARRIVAL,
+    &HANDED_OVER,
+    &AT_SEND,
     &TRACES,
 ];
 
@@ -118,6 +129,8 @@ pub fn tracker(
         (&LAYOUT_SWITCHES, layout_switches),
         (&TAKEN_OVER, handoffs.taken_over),
         (&AT_ARRIVAL, handoffs.at_arrival),
+        (&HANDED_OVER, handoffs.handed_over),
+        (&AT_SEND, handoffs.at_send),
         (&TRACES, traces),
     ] {
         r.set_total(def, Vec::new(), value as f64);
