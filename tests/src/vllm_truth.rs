@@ -44,7 +44,7 @@ fn attr_str<'a>(span: &'a Value, key: &str) -> Option<&'a str> {
 }
 
 /// Percentile (nearest rank) of absolute values.
-fn percentile(values: &[f64], p: f64) -> f64 {
+pub fn percentile(values: &[f64], p: f64) -> f64 {
     let mut v: Vec<f64> = values.iter().map(|x| x.abs()).collect();
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
@@ -73,7 +73,7 @@ pub struct Report {
 }
 
 impl Report {
-    fn fail(&mut self, what: String) {
+    pub fn fail(&mut self, what: String) {
         self.failures.push(what);
     }
 }

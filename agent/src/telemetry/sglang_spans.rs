@@ -127,16 +127,20 @@ fn instants(t: &SglangTimeline, api: Option<&ApiExchange>, clock: &Clock) -> Ins
         .and_then(|c| c.start_time_ns)
         .or_else(|| api.map(|a| clock.unix_ns(a.request_last_ns)))
         .unwrap_or(dispatched);
-    // SGLang takes a non-streamed request's first token from the scheduler when it can.
+    let first_output = t.first_output_ns.map(|n| clock.unix_ns(n));
+    // SGLang takes a non-streamed request's first token from the scheduler when that instant
+    // lies between the request's creation and its first output (tokenizer_manager.py,
+    // `_get_scheduler_first_token_time`).
     let prefill_end = t
         .times
         .and_then(|s| s.prefill_finished)
         .filter(|_| !t.stream)
-        .map(|s| clock.unix_ns_of_mono_secs(s));
+        .map(|s| clock.unix_ns_of_mono_secs(s))
+        .filter(|&ts| created < ts && first_output.is_some_and(|f| ts <= f));
     Instants {
         created,
         dispatched,
-        first_token: prefill_end.or(t.first_output_ns.map(|n| clock.unix_ns(n))),
+        first_token: prefill_end.or(first_output),
         finished: t.finished_ns.map(|n| clock.unix_ns(n)),
     }
 }

@@ -1,0 +1,220 @@
+//! Compares infertrace's SGLang spans (its JSONL output) with SGLang's own tracing of the same
+//! run (`--enable-trace`, collected by `otlp_receiver.py`): the request spans one for one,
+//! their tokens and finish reasons, their latencies, and the stage spans under them.
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+
+use serde_json::Value;
+
+use crate::vllm_truth::{Report, json_lines, percentile};
+
+/// Request-span latencies (frontend clock) must agree to this at p50 (seconds).
+pub const LATENCY_P50_S: f64 = 1e-3;
+/// Stage edges SGLang times itself and sends on the wire (`--enable-metrics`): float precision.
+pub const SCHEDULER_EDGE_S: f64 = 2e-6;
+
+const LATENCIES: [&str; 5] = [
+    "gen_ai.latency.time_to_first_token",
+    "gen_ai.latency.e2e",
+    "gen_ai.latency.time_in_model_prefill",
+    "gen_ai.latency.time_in_model_decode",
+    "gen_ai.latency.time_in_model_inference",
+];
+
+/// One span, from either side: OTLP JSON (SGLang's) or infertrace's JSONL.
+struct SpanView<'a> {
+    name: &'a str,
+    id: &'a str,
+    parent: &'a str,
+    start: u64,
+    end: u64,
+    attributes: &'a Value,
+}
+
+fn number(v: &Value) -> Option<f64> {
+    v.as_f64().or_else(|| v.as_str()?.parse().ok())
+}
+
+fn ours_view(v: &Value) -> Option<SpanView<'_>> {
+    (v["type"] == "span").then(|| SpanView {
+        name: v["name"].as_str().unwrap_or_default(),
+        id: v["span_id"].as_str().unwrap_or_default(),
+        parent: v["parent_span_id"].as_str().unwrap_or_default(),
+        start: v["start_time_unix_nano"].as_u64().unwrap_or(0),
+        end: v["end_time_unix_nano"].as_u64().unwrap_or(0),
+        attributes: &v["attributes"],
+    })
+}
+
+fn their_view(v: &Value) -> SpanView<'_> {
+    let ns = |k: &str| v[k].as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
+    SpanView {
+        name: v["name"].as_str().unwrap_or_default(),
+        id: v["spanId"].as_str().unwrap_or_default(),
+        parent: v["parentSpanId"].as_str().unwrap_or_default(),
+        start: ns("startTimeUnixNano"),
+        end: ns("endTimeUnixNano"),
+        attributes: &v["attributes"],
+    }
+}
+
+fn is_request(s: &SpanView) -> bool {
+    s.name.starts_with(" Req ")
+}
+
+fn rid<'a>(s: &SpanView<'a>) -> &'a str {
+    s.attributes["gen_ai.request.id"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+/// Stage spans of a request: the children of its thread spans.
+fn stages<'a>(all: &'a [SpanView<'a>], request: &SpanView) -> Vec<&'a SpanView<'a>> {
+    let threads: Vec<&str> = all
+        .iter()
+        .filter(|s| s.parent == request.id && s.name.contains("(host:"))
+        .map(|s| s.id)
+        .collect();
+    all.iter().filter(|s| threads.contains(&s.parent)).collect()
+}
+
+/// Compare infertrace's JSONL (`ours`) with SGLang's OTLP spans (`theirs`).
+pub fn compare(ours: &Path, theirs: &Path) -> Report {
+    let ours_json = json_lines(ours);
+    let theirs_json = json_lines(theirs);
+    let ours: Vec<SpanView> = ours_json.iter().filter_map(ours_view).collect();
+    let theirs: Vec<SpanView> = theirs_json.iter().map(their_view).collect();
+    let mut r = Report::default();
+    // SGLang's request spans of engine requests: not its health checks (infertrace leaves them
+    // out) nor the n>1 parents (they never reach the scheduler; no usage).
+    let truth: Vec<&SpanView> = theirs
+        .iter()
+        .filter(|s| is_request(s) && !rid(s).starts_with("HEALTH_CHECK_"))
+        .filter(|s| !s.attributes["gen_ai.usage.prompt_tokens"].is_null())
+        .collect();
+    let requests: Vec<&SpanView> = ours.iter().filter(|s| is_request(s)).collect();
+    let _ = writeln!(
+        r.text,
+        "SGLang: {} request spans of engine requests; infertrace: {} request spans, {} spans in all",
+        truth.len(),
+        requests.len(),
+        ours.len()
+    );
+    for ours_req in &requests {
+        if !truth.iter().any(|t| rid(t) == rid(ours_req)) {
+            r.fail(format!("infertrace invented request {}", rid(ours_req)));
+        }
+    }
+    let mut diffs: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut staged = 0;
+    for theirs_req in &truth {
+        let id = rid(theirs_req);
+        let Some(ours_req) = requests.iter().find(|s| rid(s) == id) else {
+            r.fail(format!("no request span for {id}"));
+            continue;
+        };
+        if ours_req.name != theirs_req.name {
+            r.fail(format!(
+                "{id}: name {:?}, SGLang {:?}",
+                ours_req.name, theirs_req.name
+            ));
+        }
+        for key in [
+            "gen_ai.usage.prompt_tokens",
+            "gen_ai.usage.completion_tokens",
+            "gen_ai.usage.cached_tokens",
+            "gen_ai.response.finish_reasons",
+        ] {
+            let (a, b) = (&ours_req.attributes[key], &theirs_req.attributes[key]);
+            let same = match (number(a), number(b)) {
+                (Some(x), Some(y)) => x == y,
+                _ => a == b,
+            };
+            if !same {
+                r.fail(format!("{id}: {key} infertrace {a}, SGLang {b}"));
+            }
+        }
+        for key in LATENCIES {
+            if let (Some(a), Some(b)) = (
+                number(&ours_req.attributes[key]),
+                number(&theirs_req.attributes[key]),
+            ) {
+                diffs.entry(key).or_default().push(a - b);
+            }
+        }
+        // n>1: SGLang files the warm-up's scheduler stages under the parent request.
+        let has_scheduler = theirs
+            .iter()
+            .any(|s| s.parent == theirs_req.id && s.name.starts_with("Scheduler"));
+        if !has_scheduler {
+            continue;
+        }
+        let their_stages = stages(&theirs, theirs_req);
+        staged += 1;
+        for stage in stages(&ours, ours_req) {
+            if stage.name == "decode_loop" {
+                continue;
+            }
+            let Some(theirs_stage) = their_stages.iter().find(|t| t.name == stage.name) else {
+                r.fail(format!("{id}: SGLang has no {}", stage.name));
+                continue;
+            };
+            let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
+            let (start, end) = (
+                d(stage.start, theirs_stage.start),
+                d(stage.end, theirs_stage.end),
+            );
+            match stage.name {
+                "tokenize" => diffs
+                    .entry("tokenize (+dispatch) end")
+                    .or_default()
+                    .push(end),
+                "request_process" => diffs
+                    .entry("request_process start")
+                    .or_default()
+                    .push(start),
+                "decode_forward" => diffs.entry("decode_forward end").or_default().push(end),
+                "prefill_waiting" => diffs
+                    .entry("prefill_waiting edges")
+                    .or_default()
+                    .extend([start, end]),
+                "prefill_forward" => diffs
+                    .entry("prefill_forward edges")
+                    .or_default()
+                    .extend([start, end]),
+                _ => {}
+            }
+        }
+    }
+    let _ = writeln!(r.text, "stage spans compared for {staged} requests");
+    for (key, values) in &diffs {
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        let _ = writeln!(
+            r.text,
+            "{key} ({} values): |infertrace - SGLang| p50 {:.4} ms, p99 {:.4} ms, max {:.4} ms (mean signed {:+.4} ms)",
+            values.len(),
+            percentile(values, 50.0) * 1e3,
+            percentile(values, 99.0) * 1e3,
+            percentile(values, 100.0) * 1e3,
+            mean * 1e3
+        );
+    }
+    for key in LATENCIES {
+        let p50 = diffs.get(key).map_or(0.0, |v| percentile(v, 50.0));
+        if p50 > LATENCY_P50_S {
+            r.fail(format!("{key}: p50 {p50:.6} s beyond {LATENCY_P50_S} s"));
+        }
+    }
+    for key in ["prefill_waiting edges", "prefill_forward edges"] {
+        let max = diffs.get(key).map_or(0.0, |v| percentile(v, 100.0));
+        if max > SCHEDULER_EDGE_S {
+            r.fail(format!("{key}: max {max:.9} s beyond {SCHEDULER_EDGE_S} s"));
+        }
+    }
+    if staged * 5 < truth.len() * 4 {
+        r.fail(format!(
+            "stages compared for only {staged} of {} requests",
+            truth.len()
+        ));
+    }
+    r
+}
