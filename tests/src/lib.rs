@@ -1,5 +1,6 @@
 //! Helpers for infertrace's root integration tests: start real processes, trace them with the
 //! real eBPF programs, collect what the decoders produced.
+pub mod live;
 pub mod sglang_truth;
 pub mod vllm_truth;
 

@@ -7,220 +7,35 @@
 //! spans and /metrics from the same run (tests/src/vllm_truth.rs).
 //!
 //! Needs root (eBPF) and the network to PyPI the first time. `VLLM_HOME` picks the install.
-use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::{path::Path, time::Duration};
 
 use infertrace::engines::join::ids_match;
-use infertrace_tests::{infertrace_bin, python, vllm_truth};
+use infertrace_tests::{
+    live::{
+        self, Cleanup, EngineKind, attach, free_port, get, otlp_receiver, post, stop, temp_dir,
+    },
+    vllm_truth,
+};
 
 const PORT: u16 = 18471;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn vllm_home() -> PathBuf {
-    std::env::var_os("VLLM_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/infertrace-vllm"))
-}
-
-fn xtask_engine(args: &[&str], envs: &[(&str, &str)]) {
-    let status = Command::new(env!("CARGO"))
-        .args(["xtask", "engine", "vllm"])
-        .args(args)
-        .envs(envs.iter().copied())
-        .env("VLLM_HOME", vllm_home())
-        .current_dir(repo())
-        .status()
-        .expect("running cargo xtask engine vllm");
-    assert!(status.success(), "cargo xtask engine vllm {args:?} failed");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-fn get(port: u16, path: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("response");
-    text.split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default()
-}
-
-/// POST a JSON body; the response body.
-fn post(port: u16, path: &str, body: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("response");
-    text.split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default()
-}
-
-/// Stops what it holds when the test ends, however it ends.
-struct Cleanup {
-    children: Vec<Child>,
-    engine: bool,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if self.engine {
-            let _ = Command::new(env!("CARGO"))
-                .args([
-                    "xtask",
-                    "engine",
-                    "vllm",
-                    "stop",
-                    "--port",
-                    &PORT.to_string(),
-                ])
-                .env("VLLM_HOME", vllm_home())
-                .current_dir(repo())
-                .status();
-        }
-    }
-}
-
-fn script(name: &str) -> PathBuf {
-    repo().join("xtask/scripts/engines/vllm").join(name)
-}
-
-/// A fresh vLLM on `PORT` (stopped first, so that nothing is cached from an earlier run);
-/// returns the API server's pid.
+/// A fresh vLLM on `PORT`; returns the API server's pid.
 fn fresh_vllm(cleanup: &mut Cleanup, serve_args: &[&str], envs: &[(&str, &str)]) -> String {
-    xtask_engine(&["stop", "--port", &PORT.to_string()], &[]);
-    cleanup.engine = true;
-    let port = PORT.to_string();
-    let mut args = vec!["start", "--port", &port, "--"];
-    args.extend_from_slice(serve_args);
-    xtask_engine(&args, envs);
-    std::fs::read_to_string(vllm_home().join(format!("logs/vllm-{PORT}.pid")))
-        .expect("vLLM pid file")
-        .trim()
-        .to_owned()
-}
-
-/// `infertrace attach` writing JSONL to `ours` and serving Prometheus on `prom_port`; returns
-/// once it is attached.
-fn attach(api_pid: &str, ours: &Path, prom_port: u16) -> Child {
-    let agent = Command::new(infertrace_bin())
-        .args([
-            "attach",
-            "--pid",
-            api_pid,
-            "--metrics-interval",
-            "1",
-            "--output",
-        ])
-        .arg(format!("jsonl:{}", ours.display()))
-        .args(["--prometheus", &format!("127.0.0.1:{prom_port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting infertrace attach");
-    // Attached once the Prometheus endpoint answers (it starts after the programs are loaded).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(("127.0.0.1", prom_port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "infertrace did not attach in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    agent
-}
-
-/// SIGTERM (which flushes everything); returns the agent's stderr.
-fn stop(mut agent: Child) -> String {
-    let term = Command::new("kill")
-        .args(["-TERM", &agent.id().to_string()])
-        .status();
-    assert!(term.is_ok_and(|s| s.success()), "kill -TERM infertrace");
-    let mut stderr = String::new();
-    agent
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    assert!(agent.wait().unwrap().success(), "{stderr}");
-    stderr
+    cleanup.fresh_engine(EngineKind::Vllm, PORT, serve_args, envs)
 }
 
 fn workload(client: &Path, extra: &[&str]) {
-    let status = Command::new("python3")
-        .arg(script("workload.py"))
-        .args([
-            "--base",
-            &format!("http://127.0.0.1:{PORT}"),
-            "--model",
-            "tiny",
-        ])
-        .args(["--seed", "0"])
-        .args(extra)
-        .arg("--out")
-        .arg(client)
-        .status()
-        .expect("running workload.py");
-    assert!(status.success(), "workload.py failed");
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("infertrace-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    live::workload(PORT, client, extra);
 }
 
 #[test]
 fn vllm_spans_and_metrics_match_vllms_own_tracing() {
     let dir = temp_dir("e2e");
-    let (otlp_http, otlp_grpc) = (free_port(), free_port());
     let truth = dir.join("vllm.otlp.jsonl");
     let ours = dir.join("ours.jsonl");
     let client = dir.join("client.json");
-    let mut cleanup = Cleanup {
-        children: Vec::new(),
-        engine: false,
-    };
-    let receiver = Command::new(python())
-        .arg(script("otlp_receiver.py"))
-        .arg(&truth)
-        .args([otlp_http.to_string(), otlp_grpc.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting the OTLP receiver");
-    cleanup.children.push(receiver);
+    let mut cleanup = Cleanup::default();
+    let otlp_grpc = otlp_receiver(&mut cleanup, &truth);
     // Settings that queue (4 seqs), chunk prefills (256 tokens) and preempt (18 KV blocks of
     // 128 tokens).
     let otlp = format!("http://127.0.0.1:{otlp_grpc}");
@@ -284,10 +99,7 @@ fn vllm_without_log_stats_marks_what_it_could_not_measure() {
     let dir = temp_dir("e2e-nostats");
     let ours = dir.join("ours.jsonl");
     let client = dir.join("client.json");
-    let mut cleanup = Cleanup {
-        children: Vec::new(),
-        engine: false,
-    };
+    let mut cleanup = Cleanup::default();
     let api_pid = fresh_vllm(&mut cleanup, &["--disable-log-stats"], &[]);
     let agent = attach(&api_pid, &ours, free_port());
     workload(&client, &["--quick"]);
@@ -360,10 +172,7 @@ fn vllm_without_log_stats_marks_what_it_could_not_measure() {
 fn vllm_embeddings_and_rerank() {
     let dir = temp_dir("e2e-pooling");
     let ours = dir.join("ours.jsonl");
-    let mut cleanup = Cleanup {
-        children: Vec::new(),
-        engine: false,
-    };
+    let mut cleanup = Cleanup::default();
     let api_pid = fresh_vllm(
         &mut cleanup,
         &["--runner", "pooling", "--convert", "embed"],

@@ -1,0 +1,246 @@
+//! What the end-to-end tests share: the real engines started through `cargo xtask engine`,
+//! `infertrace attach` on them, the workload scripts, and cleanup that runs however a test
+//! ends.
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::infertrace_bin;
+
+/// The engines the tests start, each through `cargo xtask engine <name>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    Vllm,
+    Sglang,
+}
+
+impl EngineKind {
+    fn name(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+        }
+    }
+
+    /// Where it is installed: `VLLM_HOME` / `SGLANG_HOME`, else the xtask default.
+    pub fn home(self) -> PathBuf {
+        let (var, default) = match self {
+            EngineKind::Vllm => ("VLLM_HOME", "/var/tmp/infertrace-vllm"),
+            EngineKind::Sglang => ("SGLANG_HOME", "/var/tmp/infertrace-sglang"),
+        };
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(default))
+    }
+
+    fn home_var(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "VLLM_HOME",
+            EngineKind::Sglang => "SGLANG_HOME",
+        }
+    }
+
+    fn xtask(
+        self,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> std::io::Result<std::process::ExitStatus> {
+        Command::new(env!("CARGO"))
+            .args(["xtask", "engine", self.name()])
+            .args(args)
+            .envs(envs.iter().copied())
+            .env(self.home_var(), self.home())
+            .current_dir(repo())
+            .status()
+    }
+}
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A script of xtask/scripts/engines/<dir>/.
+pub fn script(dir: &str, name: &str) -> PathBuf {
+    repo().join("xtask/scripts/engines").join(dir).join(name)
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn request(port: u16, head: &str, timeout: Duration) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(timeout)).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("response");
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}
+
+/// GET; the response body.
+pub fn get(port: u16, path: &str) -> String {
+    request(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
+        Duration::from_secs(30),
+    )
+}
+
+/// POST a JSON body; the response body.
+pub fn post(port: u16, path: &str, body: &str) -> String {
+    request(
+        port,
+        &format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+        Duration::from_secs(60),
+    )
+}
+
+/// Stops what it holds when the test ends, however it ends.
+#[derive(Default)]
+pub struct Cleanup {
+    pub children: Vec<Child>,
+    engine: Option<(EngineKind, u16)>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some((kind, port)) = self.engine {
+            let _ = kind.xtask(&["stop", "--port", &port.to_string()], &[]);
+        }
+    }
+}
+
+impl Cleanup {
+    /// A fresh engine on `port` (stopped first, so that nothing is cached from an earlier
+    /// run), started with `args` after `--` and `envs`; returns its main process's pid.
+    pub fn fresh_engine(
+        &mut self,
+        kind: EngineKind,
+        port: u16,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> String {
+        let port_arg = port.to_string();
+        let stopped = kind.xtask(&["stop", "--port", &port_arg], &[]);
+        assert!(stopped.is_ok_and(|s| s.success()), "stopping {kind:?}");
+        self.engine = Some((kind, port));
+        let mut all = vec!["start", "--port", &port_arg, "--"];
+        all.extend_from_slice(args);
+        let started = kind.xtask(&all, envs);
+        assert!(
+            started.is_ok_and(|s| s.success()),
+            "starting {kind:?} {args:?}"
+        );
+        let pid_file = kind.home().join(format!("logs/{}-{port}.pid", kind.name()));
+        std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()))
+            .trim()
+            .to_owned()
+    }
+}
+
+/// `infertrace attach` writing JSONL to `ours` and serving Prometheus on `prom_port`; returns
+/// once it is attached.
+pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Child {
+    let agent = Command::new(infertrace_bin())
+        .args([
+            "attach",
+            "--pid",
+            pid,
+            "--metrics-interval",
+            "1",
+            "--output",
+        ])
+        .arg(format!("jsonl:{}", ours.display()))
+        .args(["--prometheus", &format!("127.0.0.1:{prom_port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting infertrace attach");
+    // Attached once the Prometheus endpoint answers (it starts after the programs are loaded).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(("127.0.0.1", prom_port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "infertrace did not attach in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    agent
+}
+
+/// SIGTERM (which flushes everything); returns the agent's stderr.
+pub fn stop(mut agent: Child) -> String {
+    let term = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status();
+    assert!(term.is_ok_and(|s| s.success()), "kill -TERM infertrace");
+    let mut stderr = String::new();
+    agent
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(agent.wait().unwrap().success(), "{stderr}");
+    stderr
+}
+
+/// `workload.py` against `port` (model `tiny`, seed 0) with `extra` arguments, its record
+/// written to `client`.
+pub fn workload(port: u16, client: &Path, extra: &[&str]) {
+    let status = Command::new("python3")
+        .arg(script("vllm", "workload.py"))
+        .args([
+            "--base",
+            &format!("http://127.0.0.1:{port}"),
+            "--model",
+            "tiny",
+        ])
+        .args(["--seed", "0"])
+        .args(extra)
+        .arg("--out")
+        .arg(client)
+        .status()
+        .expect("running workload.py");
+    assert!(status.success(), "workload.py failed");
+}
+
+/// A per-process scratch directory.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("infertrace-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The OTLP receiver (`otlp_receiver.py`) writing what it gets to `out`; returns its gRPC port.
+pub fn otlp_receiver(cleanup: &mut Cleanup, out: &Path) -> u16 {
+    let (http, grpc) = (free_port(), free_port());
+    let receiver = Command::new(crate::python())
+        .arg(script("vllm", "otlp_receiver.py"))
+        .arg(out)
+        .args([http.to_string(), grpc.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting the OTLP receiver");
+    cleanup.children.push(receiver);
+    grpc
+}

@@ -1,0 +1,83 @@
+//! End to end on the real SGLang 0.5.23 (CPU, tiny model; `cargo xtask engine sglang`
+//! installs it on first use), in both of its IPC encodings: SGLang runs with its own tracing
+//! (`--enable-trace`, level 3) and `--enable-metrics`, `infertrace attach` traces its main
+//! process and children, the workload runs (workload.py --quick: streaming and non-streaming
+//! chat and completions, n=2, concurrent requests, client aborts, invalid requests; and the
+//! native /generate requests of native_workload.py), a `/health` probe goes in the middle, and
+//! infertrace's spans are compared with SGLang's own (tests/src/sglang_truth.rs): every request
+//! span, nothing invented (health checks left out), tokens and finish reasons equal, latencies
+//! within 1 ms at p50, the scheduler's own stage edges to float precision.
+//!
+//! Needs root (eBPF) and the network to PyPI the first time. `SGLANG_HOME` picks the install.
+use std::{path::Path, process::Command, time::Duration};
+
+use infertrace_tests::{
+    live::{
+        Cleanup, EngineKind, attach, free_port, get, otlp_receiver, script, stop, temp_dir,
+        workload,
+    },
+    sglang_truth,
+};
+
+const PORT: u16 = 18473;
+
+fn native_workload(client: &Path) {
+    let status = Command::new("python3")
+        .arg(script("sglang", "native_workload.py"))
+        .args(["--base", &format!("http://127.0.0.1:{PORT}"), "--merge"])
+        .arg(client)
+        .status()
+        .expect("running native_workload.py");
+    assert!(status.success(), "native_workload.py failed");
+}
+
+fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
+    let dir = temp_dir(&format!("e2e-sglang-{mode}"));
+    let truth = dir.join("sglang.otlp.jsonl");
+    let ours = dir.join("ours.jsonl");
+    let client = dir.join("client.json");
+    let mut cleanup = Cleanup::default();
+    let otlp_grpc = otlp_receiver(&mut cleanup, &truth);
+    let otlp = format!("127.0.0.1:{otlp_grpc}");
+    let mut all_envs = vec![
+        ("TRACE", "1"),
+        ("OTLP", otlp.as_str()),
+        ("SGLANG_TRACE_LEVEL", "3"),
+    ];
+    all_envs.extend_from_slice(envs);
+    let main_pid = cleanup.fresh_engine(EngineKind::Sglang, PORT, &["--enable-metrics"], &all_envs);
+    let agent = attach(&main_pid, &ours, free_port());
+    // workload.py's long prompt: this tokenizer makes ~910 tokens of 450 "tokens" of text.
+    workload(PORT, &client, &["--quick", "--long-tokens", "450"]);
+    // SGLang's /health sends a real one-token generate: not a user request.
+    get(PORT, "/health");
+    native_workload(&client);
+    std::thread::sleep(Duration::from_secs(2));
+    let stderr = stop(agent);
+    // SGLang's batch span processor exports every 500 ms.
+    std::thread::sleep(Duration::from_secs(5));
+    let report = sglang_truth::compare(&ours, &truth);
+    println!(
+        "{mode}:\n{}\n{}",
+        report.text,
+        stderr.lines().last().unwrap_or_default()
+    );
+    assert!(
+        report.failures.is_empty(),
+        "{mode}: {:#?}\n{}\n{stderr}",
+        report.failures,
+        report.text
+    );
+    drop(cleanup);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sglang_pickle_ipc_spans_match_sglangs_own_tracing() {
+    spans_match_sglangs_own_tracing("pickle", &[]);
+}
+
+#[test]
+fn sglang_msgpack_ipc_spans_match_sglangs_own_tracing() {
+    spans_match_sglangs_own_tracing("msgpack", &[("SGLANG_USE_PICKLE_IPC", "0")]);
+}
