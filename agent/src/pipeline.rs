@@ -17,6 +17,7 @@ use crate::{
     telemetry::{
         Clock, SpanOptions, agent_metrics,
         metrics::Registry,
+        sglang_metrics::SglangMetrics,
         sglang_spans,
         span::{IdGenerator, Span},
         vllm_metrics::VllmMetrics,
@@ -49,6 +50,7 @@ pub struct Pipeline {
     reconstruct: bool,
     /// The SGLang tracker, when the traced engine is SGLang (it then takes every message).
     sglang: Option<SglangTracker>,
+    sglang_metrics: SglangMetrics,
     span_options: SpanOptions,
     clock: Clock,
     ids: IdGenerator,
@@ -98,9 +100,9 @@ impl Pipeline {
     ) -> Self {
         let reconstruct = options.engine.as_ref().is_none_or(|e| *e == Engine::Vllm);
         let sglang = (options.engine == Some(Engine::Sglang)).then(|| {
-            tracing::warn!(
-                "SGLang: entry, request, thread and stage spans are produced; SGLang's metrics \
-                 are not yet"
+            tracing::info!(
+                "SGLang: entry, request, thread and stage spans, and the request metrics; the \
+                 scheduler's snapshot gauges are not on the wire"
             );
             SglangTracker::default()
         });
@@ -115,6 +117,9 @@ impl Pipeline {
             }),
             reconstruct,
             sglang,
+            sglang_metrics: SglangMetrics {
+                model_name: options.spans.default_model.clone(),
+            },
             metrics: VllmMetrics {
                 model_name: options.spans.default_model.clone(),
             },
@@ -257,6 +262,12 @@ impl Pipeline {
     }
 
     fn emit_sglang(&mut self, traces: &[SglangTrace]) {
+        let mut registry = self.registry.lock().expect("registry lock");
+        for trace in traces {
+            self.sglang_metrics
+                .request(&mut registry, trace, &self.clock);
+        }
+        drop(registry);
         for trace in traces {
             let spans = sglang_spans::spans(trace, &self.span_options, &self.clock, &mut self.ids);
             self.export_spans(&spans);

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
 use serde_json::Value;
 
-use crate::vllm_truth::{Report, json_lines, percentile};
+use crate::vllm_truth::{Report, json_lines, last_metrics, metric_total, percentile, prom};
 
 /// Request-span latencies (frontend clock) must agree to this at p50 (seconds).
 pub const LATENCY_P50_S: f64 = 1e-3;
@@ -215,6 +215,62 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
             "stages compared for only {staged} of {} requests",
             truth.len()
         ));
+    }
+    r
+}
+
+/// Compare infertrace's SGLang counters (its last metrics snapshot) with SGLang's `/metrics`
+/// over the same run: counts exactly, latency sums to within 5 ms per request.
+pub fn compare_metrics(ours: &Path, metrics_before: &str, metrics_after: &str) -> Report {
+    let ours = json_lines(ours);
+    let metrics = last_metrics(&ours);
+    let delta = |name: &str| prom(metrics_after, name, &[]) - prom(metrics_before, name, &[]);
+    let mut r = Report::default();
+    let requests = delta("sglang:num_requests_total");
+    for (ours_name, theirs_name, per_request) in [
+        ("num_requests_total", "sglang:num_requests_total", 0.0),
+        ("prompt_tokens_total", "sglang:prompt_tokens_total", 0.0),
+        (
+            "generation_tokens_total",
+            "sglang:generation_tokens_total",
+            0.0,
+        ),
+        (
+            "gen_ai_sglang_cached_tokens_total",
+            "sglang:cached_tokens_total",
+            0.0,
+        ),
+        (
+            "gen_ai_server_time_to_first_token",
+            "sglang:time_to_first_token_seconds_sum",
+            5e-3,
+        ),
+        (
+            "gen_ai_server_request_duration",
+            "sglang:e2e_request_latency_seconds_sum",
+            5e-3,
+        ),
+        (
+            "gen_ai_server_time_per_output_token",
+            "sglang:request_time_per_output_token_seconds_sum",
+            5e-3,
+        ),
+        (
+            "sglang_inter_token_latency_seconds",
+            "sglang:inter_token_latency_seconds_sum",
+            5e-3,
+        ),
+    ] {
+        let (a, b) = (metric_total(metrics, ours_name, None), delta(theirs_name));
+        let _ = writeln!(
+            r.text,
+            "{ours_name}: infertrace {a:.4}, SGLang {theirs_name} {b:.4}"
+        );
+        if (a - b).abs() > per_request * requests + 1e-9 {
+            r.fail(format!(
+                "{ours_name}: infertrace {a}, SGLang {theirs_name} {b}"
+            ));
+        }
     }
     r
 }

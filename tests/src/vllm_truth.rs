@@ -54,9 +54,29 @@ pub fn percentile(values: &[f64], p: f64) -> f64 {
     v[rank.clamp(1, v.len()) - 1]
 }
 
+/// infertrace's last metrics snapshot in its JSONL output.
+pub fn last_metrics(ours: &[Value]) -> &Value {
+    ours.iter()
+        .rev()
+        .find(|v| v["type"] == "metrics")
+        .expect("a metrics snapshot")
+}
+
+/// Sum of a metric's samples in a snapshot, optionally of one dimension's value only.
+pub fn metric_total(metrics: &Value, name: &str, label: Option<(&str, &str)>) -> f64 {
+    metrics["samples"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["name"] == name)
+        .filter(|s| label.is_none_or(|(k, v)| s["dimensions"][k] == v))
+        .filter_map(|s| s["value"].as_f64())
+        .fold(0.0, |a, b| a + b)
+}
+
 /// Sum of a Prometheus series' values whose line starts with `prefix` (name plus `{` or space)
 /// and contains every label in `labels`.
-fn prom(text: &str, name: &str, labels: &[&str]) -> f64 {
+pub fn prom(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
@@ -337,21 +357,9 @@ pub fn compare(
     }
 
     // 3. Counters equal vLLM's /metrics over the same run.
-    let metrics = ours
-        .iter()
-        .rev()
-        .find(|v| v["type"] == "metrics")
-        .expect("a metrics snapshot");
-    let ours_total = |name: &str, label: Option<(&str, &str)>| -> f64 {
-        metrics["samples"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|s| s["name"] == name)
-            .filter(|s| label.is_none_or(|(k, v)| s["dimensions"][k] == v))
-            .filter_map(|s| s["value"].as_f64())
-            .fold(0.0, |a, b| a + b)
-    };
+    let metrics = last_metrics(&ours);
+    let ours_total =
+        |name: &str, label: Option<(&str, &str)>| -> f64 { metric_total(metrics, name, label) };
     let delta = |name: &str, labels: &[&str]| {
         prom(metrics_after, name, labels) - prom(metrics_before, name, labels)
     };

@@ -6,7 +6,8 @@
 //! native /generate requests of native_workload.py), a `/health` probe goes in the middle, and
 //! infertrace's spans are compared with SGLang's own (tests/src/sglang_truth.rs): every request
 //! span, nothing invented (health checks left out), tokens and finish reasons equal, latencies
-//! within 1 ms at p50, the scheduler's own stage edges to float precision.
+//! within 1 ms at p50, the scheduler's own stage edges to float precision; and the agent's
+//! request counters equal SGLang's `/metrics` over the run.
 //!
 //! Needs root (eBPF) and the network to PyPI the first time. `SGLANG_HOME` picks the install.
 use std::{path::Path, process::Command, time::Duration};
@@ -47,16 +48,21 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
     all_envs.extend_from_slice(envs);
     let main_pid = cleanup.fresh_engine(EngineKind::Sglang, PORT, &["--enable-metrics"], &all_envs);
     let agent = attach(&main_pid, &ours, free_port());
+    let before = get(PORT, "/metrics");
     // workload.py's long prompt: this tokenizer makes ~910 tokens of 450 "tokens" of text.
     workload(PORT, &client, &["--quick", "--long-tokens", "450"]);
     // SGLang's /health sends a real one-token generate: not a user request.
     get(PORT, "/health");
     native_workload(&client);
     std::thread::sleep(Duration::from_secs(2));
+    let after = get(PORT, "/metrics");
     let stderr = stop(agent);
     // SGLang's batch span processor exports every 500 ms.
     std::thread::sleep(Duration::from_secs(5));
-    let report = sglang_truth::compare(&ours, &truth);
+    let mut report = sglang_truth::compare(&ours, &truth);
+    let counters = sglang_truth::compare_metrics(&ours, &before, &after);
+    report.text.push_str(&counters.text);
+    report.failures.extend(counters.failures);
     println!(
         "{mode}:\n{}\n{}",
         report.text,

@@ -275,8 +275,19 @@ fn sglang_request_and_stage_spans_agree_with_sglangs_own() {
             std::process::id()
         ));
         replay_to_jsonl(&format!("sglang-0.5.23-{mode}.rec"), &out);
-        let report =
+        let read = |suffix: &str| {
+            std::fs::read_to_string(fixture(&format!("sglang-0.5.23-{mode}.{suffix}")))
+                .expect("fixture")
+        };
+        let mut report =
             sglang_truth::compare(&out, &fixture(&format!("sglang-0.5.23-{mode}.otlp.jsonl")));
+        let counters = sglang_truth::compare_metrics(
+            &out,
+            &read("metrics-before.txt"),
+            &read("metrics-after.txt"),
+        );
+        report.text.push_str(&counters.text);
+        report.failures.extend(counters.failures);
         let _ = std::fs::remove_file(&out);
         println!("{mode}:\n{}", report.text);
         assert!(

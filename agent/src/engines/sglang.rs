@@ -59,6 +59,8 @@ pub struct SglangTimeline {
     /// request main aborted ends when the scheduler's abort output reached it.
     pub first_output_ns: Option<u64>,
     pub finished_ns: Option<u64>,
+    /// Capture time main took over the latest output.
+    pub last_output_ns: Option<u64>,
     /// Capture times main received each output, bounded.
     pub output_ns: Vec<u64>,
     pub completion_tokens: Option<u64>,
@@ -69,6 +71,9 @@ pub struct SglangTimeline {
     pub times: Option<SchedulerTimes>,
     /// Main sent an `AbortReq` for it (the client went away).
     pub aborted_by_frontend: bool,
+    /// The scheduler dropped it from its queue (an `AbortReq` back to main, no output): SGLang
+    /// leaves it out of its request counters.
+    pub dropped_while_queued: bool,
     pub steps_dropped: u32,
 }
 
@@ -102,6 +107,7 @@ impl SglangTimeline {
     /// Apply this request's part of a `BatchStrOutput` main received at `recv_ns`.
     fn apply(&mut self, out: &RidOutput, recv_ns: u64) {
         self.first_output_ns.get_or_insert(recv_ns);
+        self.last_output_ns = Some(recv_ns);
         Self::push_bounded(&mut self.output_ns, recv_ns, &mut self.steps_dropped);
         // Counts are cumulative: the latest output's are the request's.
         self.prompt_tokens = out.prompt_tokens.or(self.prompt_tokens);
@@ -256,12 +262,14 @@ impl SglangTracker {
             // The scheduler ended a request outside the output stream (aborted while queued).
             (SglangMessage::Abort(a), false) if a.finish.is_some() => {
                 self.handoffs.received(tgid, last_ns, true);
-                let out = RidOutput {
-                    rid: a.rid,
-                    finish: a.finish,
-                    ..RidOutput::default()
-                };
-                self.output(&out, last_ns);
+                if let Some(t) = self.in_flight.get_mut(&a.rid) {
+                    t.dropped_while_queued = t.first_output_ns.is_none();
+                    t.finish = a.finish;
+                    t.finished_ns = Some(last_ns);
+                }
+                if let Some(t) = self.in_flight.remove(&a.rid) {
+                    self.joiner.add_engine(t);
+                }
             }
             _ => {}
         }
@@ -307,6 +315,7 @@ impl SglangTracker {
                 *ns = at(*ns);
             }
             t.first_output_ns = t.first_output_ns.map(at);
+            t.last_output_ns = t.last_output_ns.map(at);
             t.finished_ns = t.finished_ns.map(at);
         }
         outcome

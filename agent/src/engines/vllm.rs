@@ -15,7 +15,6 @@ use super::{
 };
 use crate::decode::{
     flows::Decoded,
-    openai::ApiCall,
     vllm::{
         EngineOutputs, EngineRequest, EventKind, FinishReason, InputMessage, PdRole, RequestOutput,
         Sampling, SchedulerStats, VllmDecoder,
@@ -250,11 +249,6 @@ pub fn engine_side(engine: &[EngineTimeline]) -> EngineSide {
             .then(|| engine.iter().map(|e| e.completion_tokens).sum()),
         finished_ns: engine.iter().filter_map(|e| e.finished_ns).max(),
     }
-}
-
-/// Input and output tokens of an API call: its `usage`, else what the engine counted.
-pub fn api_tokens(call: &ApiCall, engine: &[EngineTimeline]) -> (Option<u64>, Option<u64>) {
-    engine_side(engine).tokens(call)
 }
 
 /// A finished request: the API call (when seen) and the engine requests it made.

@@ -1,8 +1,10 @@
 //! Request traces and engine steps -> the spec's spans and metrics (names, attributes, units
 //! and dimensions exactly as the spec writes them). Pure: exporters take it from here.
 pub mod agent_metrics;
+pub mod api_metrics;
 pub mod entry_span;
 pub mod metrics;
+pub mod sglang_metrics;
 pub mod sglang_spans;
 pub mod span;
 pub mod vllm_metrics;

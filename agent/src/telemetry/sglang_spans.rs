@@ -80,7 +80,7 @@ pub fn spans(
 }
 
 /// What a call's engine requests add to its entry span: the prompt once, the tokens of all.
-fn engine_side(engine: &[SglangTimeline]) -> EngineSide {
+pub fn engine_side(engine: &[SglangTimeline]) -> EngineSide {
     EngineSide {
         input_tokens: engine.iter().find_map(|e| e.prompt_tokens),
         output_tokens: engine
@@ -111,15 +111,15 @@ fn sglang_entry_attributes(
     );
 }
 
-/// The instants of one request, in Unix ns.
-struct Instants {
-    created: u64,
-    dispatched: u64,
-    first_token: Option<u64>,
-    finished: Option<u64>,
+/// The instants of one request as SGLang defines them, in Unix ns.
+pub struct Instants {
+    pub created: u64,
+    pub dispatched: u64,
+    pub first_token: Option<u64>,
+    pub finished: Option<u64>,
 }
 
-fn instants(t: &SglangTimeline, api: Option<&ApiExchange>, clock: &Clock) -> Instants {
+pub fn instants(t: &SglangTimeline, api: Option<&ApiExchange>, clock: &Clock) -> Instants {
     let dispatched = clock.unix_ns(t.sent_ns);
     let created = t
         .trace

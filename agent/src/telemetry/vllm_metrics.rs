@@ -5,12 +5,10 @@
 //! finished request for vLLM either).
 use super::{
     Clock,
+    api_metrics::{USAGE_TOKENS, api_usage},
     metrics::{Dimensions, Kind, MetricDef, Registry},
 };
-use crate::engines::{
-    join::ApiExchange,
-    vllm::{EngineTimeline, RequestTrace, StepReport, api_tokens},
-};
+use crate::engines::vllm::{EngineTimeline, RequestTrace, StepReport, engine_side};
 
 const fn counter(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
     MetricDef {
@@ -30,11 +28,6 @@ const fn gauge(name: &'static str, unit: &'static str, description: &'static str
     }
 }
 
-pub const USAGE_TOKENS: MetricDef = counter(
-    "genai_llm_usage_tokens",
-    "Count",
-    "Input and output token consumption, distinguished by usageType.",
-);
 pub const ITER_COUNT: MetricDef = counter(
     "vllm_iter_count",
     "Times",
@@ -203,39 +196,15 @@ impl VllmMetrics {
             if self.model_name.is_none() {
                 self.model_name = api.call.model.clone();
             }
-            self.api_usage(r, api, &trace.engine);
+            api_usage(
+                r,
+                api,
+                &engine_side(&trace.engine),
+                self.model_name.as_deref(),
+            );
         }
         for t in trace.engine.iter().filter(|t| !t.aborted_by_frontend) {
             self.finished(r, t, clock);
-        }
-    }
-
-    /// `genai_llm_usage_tokens`, from the API's usage (or the engine's counts without it).
-    fn api_usage(&self, r: &mut Registry, api: &ApiExchange, engine: &[EngineTimeline]) {
-        let Some(op) = api.call.operation else {
-            return;
-        };
-        if api.call.status.is_none_or(|s| s >= 400) {
-            return;
-        }
-        let model = api
-            .call
-            .model
-            .clone()
-            .or_else(|| self.model_name.clone())
-            .unwrap_or_else(|| "unknown".into());
-        let (input, output) = api_tokens(&api.call, engine);
-        for (usage_type, count) in [("input", input), ("output", output)] {
-            let Some(count) = count else { continue };
-            let dims = vec![
-                ("callType", "gen_ai".into()),
-                ("callKind", "custom_entry".into()),
-                ("rpcType", "2100".into()),
-                ("modelName", model.clone()),
-                ("spanKind", op.span_kind().into()),
-                ("usageType", usage_type.into()),
-            ];
-            r.add(&USAGE_TOKENS, dims, count as f64);
         }
     }
 
@@ -288,6 +257,7 @@ mod tests {
             openai::{ApiCall, Operation, Usage},
             vllm::{FinishReason, PdRole, PrefixCacheStats, Sampling, SchedulerStats},
         },
+        engines::join::ApiExchange,
         telemetry::metrics::Sample,
     };
 

@@ -1,0 +1,146 @@
+//! SGLang metrics as the spec lists them, for what the wire carries. SGLang's own accounting
+//! (tokenizer_manager.py `collect_metrics`) is followed so that the counters equal its
+//! `/metrics`: a request is counted when it finishes, client aborts and n>1's prefix warm-ups
+//! included, health checks and requests the scheduler dropped from its queue excluded; time to
+//! first token is counted for a request whose first output was not its abort; time per output
+//! token only for `length` and `stop` finishes.
+//!
+//! The scheduler's snapshot gauges (`sglang_num_running_reqs`, `sglang_num_queue_reqs`,
+//! `sglang_num_used_tokens`, `sglang_token_usage`, `sglang_gen_throughput`,
+//! `gen_ai_sglang_cache_hit_rate`, `sglang_spec_accept_length`, `sglang_log_count`) are computed
+//! inside the scheduler and sent nowhere: they are not produced.
+use super::{
+    Clock,
+    api_metrics::api_usage,
+    metrics::{Dimensions, Kind, MetricDef, Registry},
+    sglang_spans::{engine_side, instants},
+};
+use crate::engines::sglang::{SglangTimeline, SglangTrace};
+
+const fn counter(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
+    MetricDef {
+        name,
+        kind: Kind::Counter,
+        unit,
+        description,
+    }
+}
+
+pub const PROMPT_TOKENS: MetricDef = counter(
+    "prompt_tokens_total",
+    "Count",
+    "The cumulative number of input tokens.",
+);
+pub const GENERATION_TOKENS: MetricDef = counter(
+    "generation_tokens_total",
+    "Count",
+    "The cumulative number of output tokens.",
+);
+pub const CACHED_TOKENS: MetricDef = counter(
+    "gen_ai_sglang_cached_tokens_total",
+    "Count",
+    "The cumulative number of input tokens served from the cache.",
+);
+pub const NUM_REQUESTS: MetricDef = counter(
+    "num_requests_total",
+    "Times",
+    "The cumulative number of requests.",
+);
+pub const TIME_TO_FIRST_TOKEN: MetricDef = counter(
+    "gen_ai_server_time_to_first_token",
+    "Seconds",
+    "The cumulative time to first token.",
+);
+pub const TIME_PER_OUTPUT_TOKEN: MetricDef = counter(
+    "gen_ai_server_time_per_output_token",
+    "Seconds",
+    "The cumulative time per output token.",
+);
+pub const INTER_TOKEN_LATENCY: MetricDef = counter(
+    "sglang_inter_token_latency_seconds",
+    "Seconds",
+    "The cumulative inter-token latency.",
+);
+pub const REQUEST_DURATION: MetricDef = counter(
+    "gen_ai_server_request_duration",
+    "Seconds",
+    "The cumulative end-to-end duration of requests.",
+);
+
+/// Records finished SGLang requests into a registry.
+#[derive(Debug, Default)]
+pub struct SglangMetrics {
+    /// The served model name (from discovery, else the first API call's model).
+    pub model_name: Option<String>,
+}
+
+fn dims() -> Dimensions {
+    vec![
+        ("callType", "gen_ai".into()),
+        ("callKind", "custom_entry".into()),
+        ("rpcType", "2100".into()),
+    ]
+}
+
+fn seconds(from: u64, to: u64) -> f64 {
+    to.saturating_sub(from) as f64 / 1e9
+}
+
+impl SglangMetrics {
+    pub fn request(&mut self, r: &mut Registry, trace: &SglangTrace, clock: &Clock) {
+        if let Some(api) = &trace.api {
+            if self.model_name.is_none() {
+                self.model_name = api.call.model.clone();
+            }
+            api_usage(
+                r,
+                api,
+                &engine_side(&trace.engine),
+                self.model_name.as_deref(),
+            );
+        }
+        for t in &trace.engine {
+            self.finished(r, t, trace, clock);
+        }
+    }
+
+    fn finished(&self, r: &mut Registry, t: &SglangTimeline, trace: &SglangTrace, clock: &Clock) {
+        let Some(finish) = &t.finish else {
+            return;
+        };
+        if t.dropped_while_queued {
+            return;
+        }
+        r.add(&NUM_REQUESTS, dims(), 1.0);
+        let tokens = [
+            (&PROMPT_TOKENS, t.prompt_tokens),
+            (&GENERATION_TOKENS, t.completion_tokens),
+            (&CACHED_TOKENS, t.cached_tokens),
+        ];
+        for (def, count) in tokens {
+            r.add(def, dims(), count.unwrap_or(0) as f64);
+        }
+        let at = instants(t, trace.api.as_ref(), clock);
+        let first_output_aborted = t.output_ns.len() == 1 && finish.kind == "abort";
+        if let Some(first) = at.first_token.filter(|_| !first_output_aborted) {
+            r.add(&TIME_TO_FIRST_TOKEN, dims(), seconds(at.created, first));
+        }
+        if let (Some(first), Some(last)) = (t.first_output_ns, t.last_output_ns) {
+            let (first, last) = (clock.unix_ns(first), clock.unix_ns(last));
+            if t.output_ns.len() > 1 {
+                r.add(&INTER_TOKEN_LATENCY, dims(), seconds(first, last));
+            }
+        }
+        if let Some(done) = at.finished {
+            r.add(&REQUEST_DURATION, dims(), seconds(at.created, done));
+            let completion = t.completion_tokens.unwrap_or(0);
+            if let Some(first) = at.first_token
+                && completion > 1
+                && matches!(finish.kind.as_str(), "length" | "stop")
+            {
+                let tpot = seconds(first, done) / (completion - 1) as f64;
+                r.add(&TIME_PER_OUTPUT_TOKEN, dims(), tpot);
+            }
+        }
+    }
+}
