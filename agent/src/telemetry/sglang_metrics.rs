@@ -144,3 +144,80 @@ impl SglangMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode::sglang::SglangFinish, engines::join::Outcome};
+
+    const MS: u64 = 1_000_000;
+    /// Monotonic ns of 1000 s + `ms`.
+    const fn mono(ms: u64) -> u64 {
+        1_000_000_000_000 + ms * MS
+    }
+
+    fn finished(kind: &str, outputs: &[u64], completion: u64) -> SglangTimeline {
+        SglangTimeline {
+            rid: "r".into(),
+            prompt_tokens: Some(10),
+            completion_tokens: Some(completion),
+            cached_tokens: Some(4),
+            stream: true,
+            sent_ns: mono(0),
+            first_output_ns: outputs.first().copied(),
+            last_output_ns: outputs.last().copied(),
+            finished_ns: outputs.last().copied(),
+            output_ns: outputs.to_vec(),
+            finish: Some(SglangFinish {
+                kind: kind.into(),
+                message: None,
+                status_code: None,
+            }),
+            ..SglangTimeline::default()
+        }
+    }
+
+    fn record(timelines: Vec<SglangTimeline>) -> Registry {
+        let clock = Clock {
+            realtime_minus_monotonic_ns: 0,
+        };
+        let mut r = Registry::default();
+        let trace = Outcome {
+            api: None,
+            engine: timelines,
+        };
+        SglangMetrics::default().request(&mut r, &trace, &clock);
+        r
+    }
+
+    #[test]
+    fn counters_follow_sglangs_accounting() {
+        let length = finished("length", &[mono(100), mono(150), mono(300)], 5);
+        let r = record(vec![length]);
+        assert_eq!(r.total(NUM_REQUESTS.name), 1.0);
+        assert_eq!(r.total(PROMPT_TOKENS.name), 10.0);
+        assert_eq!(r.total(GENERATION_TOKENS.name), 5.0);
+        assert_eq!(r.total(CACHED_TOKENS.name), 4.0);
+        // Created at the send (no HTTP call, no SGLang trace context here).
+        assert!((r.total(TIME_TO_FIRST_TOKEN.name) - 0.1).abs() < 1e-9);
+        assert!((r.total(REQUEST_DURATION.name) - 0.3).abs() < 1e-9);
+        assert!((r.total(INTER_TOKEN_LATENCY.name) - 0.2).abs() < 1e-9);
+        assert!((r.total(TIME_PER_OUTPUT_TOKEN.name) - 0.05).abs() < 1e-9);
+
+        // A client abort counts as a request, without time per output token; one whose only
+        // output is its abort has no time to first token either.
+        let r = record(vec![finished("abort", &[mono(100), mono(200)], 3)]);
+        assert_eq!(r.total(NUM_REQUESTS.name), 1.0);
+        assert!(r.total(TIME_TO_FIRST_TOKEN.name) > 0.0);
+        assert_eq!(r.total(TIME_PER_OUTPUT_TOKEN.name), 0.0);
+        let r = record(vec![finished("abort", &[mono(100)], 0)]);
+        assert_eq!(r.total(TIME_TO_FIRST_TOKEN.name), 0.0);
+
+        // Dropped from the scheduler's queue: not counted at all.
+        let mut dropped = finished("abort", &[], 0);
+        dropped.dropped_while_queued = true;
+        let r = record(vec![dropped]);
+        assert_eq!(r.total(NUM_REQUESTS.name), 0.0);
+        assert_eq!(r.total(PROMPT_TOKENS.name), 0.0);
+    }
+}
