@@ -220,7 +220,7 @@ pub async fn run_live(
             }
             // Flows complete in drain order; show each batch's messages in time order.
             batch.sort_by_key(Decoded::start_ns);
-            summary.messages += batch.len() as u64;
+            summary.messages += batch.iter().filter(|d| d.is_message()).count() as u64;
             summary.flows = flows.stats();
             sink(&batch, &summary);
             if !more {
@@ -238,7 +238,7 @@ pub async fn run_live(
     drop(ring);
     let mut rest = flows.finish(monotonic_ns());
     rest.sort_by_key(Decoded::start_ns);
-    summary.messages += rest.len() as u64;
+    summary.messages += rest.iter().filter(|d| d.is_message()).count() as u64;
     summary.flows = flows.stats();
     sink(&rest, &summary);
     if let Some(mut w) = recorder {
@@ -270,7 +270,7 @@ pub fn replay(
                     last_ts = last_ts.max(r.header().ts_ns);
                 }
                 for decoded in flows.handle(&event) {
-                    summary.messages += 1;
+                    summary.messages += u64::from(decoded.is_message());
                     sink(&header, &decoded);
                 }
             }
@@ -279,7 +279,7 @@ pub fn replay(
         }
     };
     for decoded in flows.finish(last_ts) {
-        summary.messages += 1;
+        summary.messages += u64::from(decoded.is_message());
         sink(&header, &decoded);
     }
     summary.flows = flows.stats();

@@ -149,6 +149,23 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
             continue;
         }
         let their_stages = stages(&theirs, theirs_req);
+        // Thread spans: the same labels and ranks (host and pid differ from run to run).
+        let threads = |all: &[SpanView], parent: &str| -> Vec<String> {
+            let mut names: Vec<String> = all
+                .iter()
+                .filter(|s| s.parent == parent && s.name.contains("(host:"))
+                .map(|s| s.name.split("(host:").next().unwrap_or_default().to_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let (ours_threads, theirs_threads) =
+            (threads(&ours, ours_req.id), threads(&theirs, theirs_req.id));
+        if ours_threads != theirs_threads {
+            r.fail(format!(
+                "{id}: threads {ours_threads:?}, SGLang {theirs_threads:?}"
+            ));
+        }
         staged += 1;
         for stage in stages(&ours, ours_req) {
             if stage.name == "decode_loop" {

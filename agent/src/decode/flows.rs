@@ -13,7 +13,7 @@ use super::{
     http::{HttpConnection, HttpExchange},
     zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
 };
-use crate::capture::{CaptureEvent, Record};
+use crate::capture::{CaptureEvent, ProcessInfo, Record};
 use crate::discover::sockets::FdKind;
 
 /// Ticks an out-of-order syscall may wait for the ones before it before they count as lost.
@@ -39,6 +39,8 @@ pub enum Decoded {
     },
     /// A read or write of a watched eventfd (an API server's libzmq mailbox).
     Wakeup(Wakeup),
+    /// A traced process and its title (command line), for the trackers that name processes.
+    Process(ProcessInfo),
 }
 
 /// One 8-byte eventfd read or write: who signalled whom, and when.
@@ -54,6 +56,11 @@ pub struct Wakeup {
 }
 
 impl Decoded {
+    /// Decoded from captured bytes (not the note of a process).
+    pub fn is_message(&self) -> bool {
+        !matches!(self, Decoded::Process(_))
+    }
+
     /// When the message began (first byte of the request, or of the ZMTP message).
     pub fn start_ns(&self) -> u64 {
         match self {
@@ -65,6 +72,8 @@ impl Decoded {
                 .unwrap_or(0),
             Decoded::Zmtp { message, .. } => message.first_ns,
             Decoded::Wakeup(w) => w.ns,
+            // Known before any message: sorted first.
+            Decoded::Process(_) => 0,
         }
     }
 
@@ -79,6 +88,7 @@ impl Decoded {
                 .unwrap_or(0),
             Decoded::Zmtp { message, .. } => message.last_ns,
             Decoded::Wakeup(w) => w.ns,
+            Decoded::Process(_) => 0,
         }
     }
 }
@@ -383,6 +393,7 @@ impl FlowTable {
                 }
             }
             CaptureEvent::Tick => self.tick(&mut out),
+            CaptureEvent::Process(info) => out.push(Decoded::Process(info.clone())),
             _ => {}
         }
         out

@@ -16,6 +16,8 @@
 //! where its eventfds show it (`handoff`: a message taken over by main's event loop or the
 //! scheduler's loop, a message handed to the I/O thread); the scheduler's time stats are its
 //! `time.perf_counter()`, the same clock, in seconds.
+use std::collections::HashMap;
+
 use super::{
     handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
@@ -36,6 +38,35 @@ pub const MAX_STEPS_PER_REQUEST: usize = 4096;
 /// rids of SGLang's own `/health` probes (a real one-token generate).
 const HEALTH_CHECK_PREFIX: &str = "HEALTH_CHECK_";
 
+/// A scheduler's parallel ranks, as SGLang's thread span names show them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ranks {
+    pub tp: u32,
+    pub pp: u32,
+    /// Only under a data-parallel controller.
+    pub dp: Option<u32>,
+}
+
+/// The ranks in a scheduler's title: `sglang::scheduler` plus `_DP{d}`, `_PP{p}`, `_TP{t}`
+/// (and others) for each parallelism larger than 1 (scheduler.py); a rank not shown is 0.
+/// None for another process.
+pub fn scheduler_ranks(cmdline: &[String]) -> Option<Ranks> {
+    let title = cmdline.first()?.split_whitespace().next()?;
+    let suffix = title.strip_prefix("sglang::scheduler")?;
+    let mut ranks = Ranks::default();
+    for part in suffix.split('_').filter(|p| !p.is_empty()) {
+        let number = |prefix: &str| part.strip_prefix(prefix)?.parse::<u32>().ok();
+        if let Some(n) = number("TP") {
+            ranks.tp = n;
+        } else if let Some(n) = number("PP") {
+            ranks.pp = n;
+        } else if let Some(n) = number("DP") {
+            ranks.dp = Some(n);
+        }
+    }
+    Some(ranks)
+}
+
 /// One SGLang engine request (one rid), as the main process and the scheduler saw it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SglangTimeline {
@@ -49,6 +80,8 @@ pub struct SglangTimeline {
     /// The main (TokenizerManager) process and the scheduler that served the request.
     pub frontend_pid: u32,
     pub scheduler_pid: Option<u32>,
+    /// The scheduler's ranks, when its title was seen.
+    pub scheduler_ranks: Option<Ranks>,
     /// Capture time main handed the request to ZeroMQ (first byte sent).
     pub sent_ns: u64,
     /// Capture time the scheduler received it (last byte).
@@ -155,6 +188,8 @@ pub struct SglangStats {
 
 pub struct SglangTracker {
     decoder: SglangDecoder,
+    /// Scheduler processes' ranks, from their titles.
+    ranks: HashMap<u32, Ranks>,
     in_flight: InFlight<SglangTimeline>,
     joiner: Joiner<SglangTimeline>,
     handoffs: Handoffs,
@@ -166,6 +201,7 @@ impl Default for SglangTracker {
     fn default() -> Self {
         Self {
             decoder: SglangDecoder::default(),
+            ranks: HashMap::new(),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
             joiner: Joiner::default(),
             handoffs: Handoffs::default(),
@@ -190,6 +226,11 @@ impl SglangTracker {
                 }
             }
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
+            Decoded::Process(info) => {
+                if let Some(ranks) = scheduler_ranks(&info.cmdline) {
+                    self.ranks.insert(info.pid, ranks);
+                }
+            }
             Decoded::Zmtp {
                 tgid,
                 outgoing,
@@ -229,6 +270,7 @@ impl SglangTracker {
                 self.handoffs.received(tgid, last_ns, true);
                 if let Some(t) = self.in_flight.get_mut(&r.rid) {
                     t.scheduler_pid = Some(tgid);
+                    t.scheduler_ranks = self.ranks.get(&tgid).copied();
                     t.scheduler_recv_ns.get_or_insert(last_ns);
                 }
             }
@@ -319,5 +361,35 @@ impl SglangTracker {
             t.finished_ns = t.finished_ns.map(at);
         }
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn title(t: &str) -> Vec<String> {
+        vec![t.to_owned()]
+    }
+
+    #[test]
+    fn scheduler_titles_give_ranks() {
+        let r = |tp, pp, dp| Some(Ranks { tp, pp, dp });
+        assert_eq!(scheduler_ranks(&title("sglang::scheduler")), r(0, 0, None));
+        assert_eq!(
+            scheduler_ranks(&title("sglang::scheduler_TP1")),
+            r(1, 0, None)
+        );
+        assert_eq!(
+            scheduler_ranks(&title("sglang::scheduler_DP1_TP3")),
+            r(3, 0, Some(1))
+        );
+        assert_eq!(
+            scheduler_ranks(&title("sglang::scheduler_PP1_TP0_EP0")),
+            r(0, 1, None)
+        );
+        assert_eq!(scheduler_ranks(&title("sglang::detokenizer")), None);
+        assert_eq!(scheduler_ranks(&["python".into(), "-m".into()]), None);
+        assert_eq!(scheduler_ranks(&[]), None);
     }
 }

@@ -49,6 +49,9 @@ impl Console {
                 let _ = write!(line, " zmtp pid={tgid} fd={fd} {direction} ");
                 zmtp(&mut line, message);
             }
+            Decoded::Process(p) => {
+                let _ = write!(line, " process pid={} {}", p.pid, p.cmdline.join(" "));
+            }
             Decoded::Wakeup(w) => {
                 let what = if w.write { "signal" } else { "wake" };
                 let _ = write!(

@@ -6,7 +6,7 @@
 //! └─ " Req <rid[:8]>"                           request span (role empty: not PD)
 //!    ├─ "Tokenizer(host:… | pid:…)"            main process
 //!    │  └─ tokenize                            (+ api_server_dispatch, see below)
-//!    └─ "Scheduler (host:… | pid:…)"           scheduler process
+//!    └─ "Scheduler [TP 0]  [PP 0] (host:… | pid:…)"   scheduler process
 //!       ├─ request_process, prefill_waiting, prefill_forward   (scheduler time stats)
 //!       └─ decode_forward
 //!          └─ decode_loop × steps               (streamed requests)
@@ -27,8 +27,8 @@
 //! - first token and finish: main's event loop taking the output over (`handoff`); for a
 //!   non-streamed request with scheduler time stats, the scheduler's prefill end, as SGLang.
 //!
-//! Request-span latencies are float seconds (the spec's unit for SGLang); thread ranks and
-//! span links are not produced yet.
+//! Request-span latencies are float seconds (the spec's unit for SGLang). The scheduler's
+//! ranks come from its process title; span links and events are not produced yet.
 use super::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
@@ -36,7 +36,7 @@ use super::{
 };
 use crate::engines::{
     join::{ApiExchange, EngineSide},
-    sglang::{SglangTimeline, SglangTrace},
+    sglang::{Ranks, SglangTimeline, SglangTrace},
 };
 
 /// The spans of one SGLang request trace, parents before children.
@@ -287,12 +287,19 @@ fn request_spans(
     let recv = clock.unix_ns(recv);
     let mono = |s: f64| clock.unix_ns_of_mono_secs(s);
     let completion = t.scheduler_output_ns.last().map(|n| clock.unix_ns(*n));
+    let ranks = t.scheduler_ranks;
+    let mut attributes = thread_attributes("Scheduler", host, pid);
+    if let Some(r) = ranks {
+        attributes.push(("tp_rank", i64::from(r.tp).into()));
+        attributes.push(("pp_rank", i64::from(r.pp).into()));
+        push_opt(&mut attributes, "dp_rank", r.dp.map(i64::from));
+    }
     let scheduler = child(
-        thread_name("Scheduler", host, pid),
+        thread_name(&scheduler_label(ranks), host, pid),
         recv,
         completion.unwrap_or(recv),
         request_id,
-        thread_attributes("Scheduler", host, pid),
+        attributes,
     );
     let times = t.times.unwrap_or_default();
     let stages = [
@@ -350,7 +357,20 @@ fn request_spans(
     }
 }
 
-/// `{label}(host:{id[:8]} | pid:{pid})`, SGLang's thread span name without ranks.
+/// SGLang's label of a scheduler thread: `Scheduler [TP t]  [PP p] ` (and ` [DP d] `), each
+/// rank padded with spaces as trace.py writes it; no ranks when the title was not seen.
+fn scheduler_label(ranks: Option<Ranks>) -> String {
+    let Some(r) = ranks else {
+        return "Scheduler".into();
+    };
+    let mut label = format!("Scheduler [TP {}]  [PP {}] ", r.tp, r.pp);
+    if let Some(dp) = r.dp {
+        label.push_str(&format!(" [DP {dp}] "));
+    }
+    label
+}
+
+/// `{label}(host:{id[:8]} | pid:{pid})`, SGLang's thread span name.
 fn thread_name(label: &str, host: Option<&str>, pid: u32) -> String {
     let host = host.map_or("unknown", |h| h.get(..8).unwrap_or(h));
     format!("{label}(host:{host} | pid:{pid})")
