@@ -196,7 +196,7 @@ fn tracepoints() -> Check {
             "tracepoints",
             Status::Ok,
             format!(
-                "all {} present (process fork/exec/exit, socket syscalls)",
+                "all {} present (process fork/exec/exit, socket syscalls, epoll waits)",
                 wanted.len()
             ),
         );

@@ -313,8 +313,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     )
                 },
                 |header, d| {
-                    if output.messages {
-                        let line = Console::new(header.realtime_minus_monotonic_ns).line(d);
+                    if output.messages
+                        && let Some(line) = Console::new(header.realtime_minus_monotonic_ns).line(d)
+                    {
                         let _ = writeln!(out, "{line}");
                     }
                 },
@@ -391,8 +392,8 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
             if let Some(console) = &console {
                 // One write per batch: a busy engine produces thousands of lines a second.
                 let mut text = String::new();
-                for decoded in batch {
-                    text.push_str(&console.line(decoded));
+                for line in batch.iter().filter_map(|d| console.line(d)) {
+                    text.push_str(&line);
                     text.push('\n');
                 }
                 let mut out = std::io::stdout().lock();
@@ -448,9 +449,9 @@ fn results(pipeline: &Pipeline) -> String {
     };
     format!(
         "; {} requests traced ({} spans); {engine}; messages timed at the event loop's \
-         take-over: {}, at their arrival: {}; sends timed at the hand-over to libzmq: {}, at \
+         take-over: {} (at its next iteration: {}), at their arrival: {}; sends timed at the hand-over to libzmq: {}, at \
          the send: {}",
-        s.traces, s.spans, h.taken_over, h.at_arrival, h.handed_over, h.at_send
+        s.traces, s.spans, h.taken_over, h.next_iteration, h.at_arrival, h.handed_over, h.at_send
     )
 }
 

@@ -19,6 +19,8 @@ pub mod kind {
     pub const IO: u32 = 5;
     /// A tracked process closed an fd it had classified ([`NewFdRecord`] layout, `fd` closed).
     pub const CLOSE: u32 = 6;
+    /// A tracked process's main thread returned from an epoll wait ([`PollRecord`]).
+    pub const POLL: u32 = 7;
 }
 
 /// Direction of socket data as seen by the traced process.
@@ -112,6 +114,18 @@ pub struct NewFdRecord {
     /// NEW_FD: the incarnation of this fd number (see [`FdState::generation`]); 0 in CLOSE
     /// records and in recordings made before it existed.
     pub generation: u32,
+}
+
+/// POLL: one `epoll_wait`/`epoll_pwait`/`epoll_pwait2` of a tracked process's main thread
+/// (an asyncio loop's iteration boundary); `header.ts_ns` is the syscall's exit time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollRecord {
+    pub header: RecordHeader,
+    /// Syscall entry time (CLOCK_MONOTONIC).
+    pub enter_ns: u64,
+    /// Syscall return value: ready events, or a negative errno.
+    pub ret: i64,
 }
 
 /// Header of an IO record; `len` payload bytes follow it in the same record.

@@ -16,11 +16,13 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use infertrace_common::{
-    CHUNK_SIZE, FdKey, FdState, IoRecord, MAX_CHUNKS, MAX_IOVECS, NewFdRecord, RecordHeader,
-    counter, direction, fd_action, io_flags, kind, syscall,
+    CHUNK_SIZE, FdKey, FdState, IoRecord, MAX_CHUNKS, MAX_IOVECS, NewFdRecord, counter, direction,
+    fd_action, io_flags, kind, syscall,
 };
 
-use crate::shared::{EVENTS, FD_CLASS, FD_DECISION, config, count, tracked_tgid, wakeup_flags};
+use crate::shared::{
+    EVENTS, FD_CLASS, FD_DECISION, config, count, header, submit, tracked_tgid, wakeup_flags,
+};
 
 /// Offsets of the syscall arguments in a sys_enter_* record, and of `ret` in sys_exit_*.
 const ARG0: usize = 16;
@@ -176,24 +178,9 @@ fn report_new_fd(tgid: u32, fd: u32, key: FdKey) {
         fd,
         generation,
     };
-    if EVENTS
-        .output::<NewFdRecord>(&record, wakeup_flags(config().wakeup_watermark))
-        .is_err()
-    {
-        count(counter::RING_FULL, 1);
+    if !submit(&record) {
         // Let the next syscall on this fd report it again.
         let _ = FD_CLASS.remove(&key);
-    }
-}
-
-fn header(kind: u32, tgid: u32) -> RecordHeader {
-    RecordHeader {
-        kind,
-        tgid,
-        tid: bpf_get_current_pid_tgid() as u32,
-        _pad: 0,
-        // SAFETY: helper without preconditions.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
     }
 }
 
@@ -490,12 +477,7 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
             fd: fd as u32,
             generation: 0,
         };
-        if EVENTS
-            .output::<NewFdRecord>(&record, wakeup_flags(config().wakeup_watermark))
-            .is_err()
-        {
-            count(counter::RING_FULL, 1);
-        }
+        submit(&record);
     }
     0
 }

@@ -1,5 +1,5 @@
 //! infertrace's kernel side: follow the traced engines' process tree and copy the payloads of
-//! their socket syscalls into a ring buffer.
+//! their socket syscalls into a ring buffer, with the epoll waits of their main threads.
 //!
 //! Only tracepoints are used (this kernel has no kprobes and no fentry, see DESIGN.md). Every
 //! program first checks that the current process is tracked, so untraced processes pay one
@@ -11,6 +11,7 @@
 #![allow(internal_features)]
 
 mod io;
+mod poll;
 mod proc;
 mod shared;
 

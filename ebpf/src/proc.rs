@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use infertrace_common::{ProcRecord, RecordHeader, counter, kind};
 
-use crate::shared::{EVENTS, TRACKED, config, count, tracked_tgid, wakeup_flags};
+use crate::shared::{TRACKED, count, submit, tracked_tgid};
 
 /// Offsets in the tracepoints' records (see /sys/kernel/tracing/events/sched/*/format).
 const FORK_CHILD_PID: usize = 20;
@@ -30,12 +30,7 @@ fn emit(kind: u32, tgid: u32, tid: u32, child: u32) {
         _pad: 0,
         comm,
     };
-    if EVENTS
-        .output::<ProcRecord>(&record, wakeup_flags(config().wakeup_watermark))
-        .is_err()
-    {
-        count(counter::RING_FULL, 1);
-    }
+    submit(&record);
 }
 
 /// A tracked process forked (or created a thread: the tracepoint cannot tell, so the new task

@@ -1,11 +1,11 @@
 //! Maps and helpers shared by the process-tree and the I/O programs.
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use infertrace_common::{Config, FdDecision, FdKey, FdState};
+use infertrace_common::{Config, FdDecision, FdKey, FdState, RecordHeader, counter};
 
 /// All records to userspace. Userspace sets the real size at load time.
 #[map]
@@ -63,5 +63,31 @@ pub fn wakeup_flags(watermark: u32) -> u64 {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
+    }
+}
+
+/// Send one fixed-size record to userspace; a full ring buffer counts it lost (false).
+#[inline(always)]
+pub fn submit<T>(record: &T) -> bool {
+    if EVENTS
+        .output::<T>(record, wakeup_flags(config().wakeup_watermark))
+        .is_err()
+    {
+        count(counter::RING_FULL, 1);
+        return false;
+    }
+    true
+}
+
+/// The header of a record the current task produces now.
+#[inline(always)]
+pub fn header(kind: u32, tgid: u32) -> RecordHeader {
+    RecordHeader {
+        kind,
+        tgid,
+        tid: bpf_get_current_pid_tgid() as u32,
+        _pad: 0,
+        // SAFETY: helper without preconditions.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
     }
 }

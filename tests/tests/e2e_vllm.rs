@@ -74,14 +74,7 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
     // Give vLLM time to export its last spans (batch processor, 5 s).
     std::thread::sleep(Duration::from_secs(6));
 
-    let report = vllm_truth::compare(
-        &ours,
-        &truth,
-        &client,
-        &before,
-        &after,
-        vllm_truth::TtftTail::Reported,
-    );
+    let report = vllm_truth::compare(&ours, &truth, &client, &before, &after);
     println!(
         "{}\n{}",
         report.text,

@@ -192,7 +192,6 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
         &fixture("vllm-0.32.0-workload.client.json"),
         &read("vllm-0.32.0-workload.metrics-before.txt"),
         &read("vllm-0.32.0-workload.metrics-after.txt"),
-        vllm_truth::TtftTail::Asserted,
     );
     let _ = std::fs::remove_file(&out);
     println!("{}", report.text);

@@ -37,6 +37,12 @@ pub const TRACEPOINTS: &[(&str, &str)] = &[
     ("syscalls", "sys_exit_recvmsg"),
     ("syscalls", "sys_enter_sendmsg"),
     ("syscalls", "sys_exit_sendmsg"),
+    ("syscalls", "sys_enter_epoll_wait"),
+    ("syscalls", "sys_exit_epoll_wait"),
+    ("syscalls", "sys_enter_epoll_pwait"),
+    ("syscalls", "sys_exit_epoll_pwait"),
+    ("syscalls", "sys_enter_epoll_pwait2"),
+    ("syscalls", "sys_exit_epoll_pwait2"),
 ];
 
 /// Settings of the kernel side.
@@ -103,16 +109,7 @@ impl KernelCapture {
             0,
         )?;
         for (category, name) in TRACEPOINTS {
-            let program: &mut TracePoint = ebpf
-                .program_mut(name)
-                .with_context(|| format!("program {name} missing from the eBPF object"))?
-                .try_into()?;
-            program
-                .load()
-                .with_context(|| format!("verifier rejected {name}"))?;
-            program
-                .attach(category, name)
-                .with_context(|| format!("attaching tracepoint {category}/{name}"))?;
+            attach(&mut ebpf, category, name)?;
         }
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
         let tracked = HashMap::try_from(ebpf.take_map("TRACKED").context("TRACKED missing")?)?;
@@ -224,6 +221,21 @@ fn remove_process_keys<V: aya::Pod>(map: &mut HashMap<MapData, FdKey, V>, tgid: 
 
 /// Loading tracing programs needs root or CAP_BPF + CAP_PERFMON (and CAP_DAC_OVERRIDE-ish
 /// access to tracefs). Say so in plain words instead of surfacing EPERM from a syscall.
+/// Load program `name` and attach it to the tracepoint of the same name.
+fn attach(ebpf: &mut Ebpf, category: &str, name: &str) -> anyhow::Result<()> {
+    let program: &mut TracePoint = ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing from the eBPF object"))?
+        .try_into()?;
+    program
+        .load()
+        .with_context(|| format!("verifier rejected {name}"))?;
+    program
+        .attach(category, name)
+        .with_context(|| format!("attaching tracepoint {category}/{name}"))?;
+    Ok(())
+}
+
 fn check_privileges() -> anyhow::Result<()> {
     let caps = crate::discover::system::effective_capabilities()?;
     if !caps.can_trace() {

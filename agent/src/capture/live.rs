@@ -163,7 +163,7 @@ impl LiveCapture {
                 self.roles.forget(header.tgid);
                 self.kernel.forget_process(header.tgid);
             }
-            Record::Close { .. } | Record::Io { .. } => {}
+            Record::Close { .. } | Record::Io { .. } | Record::Poll { .. } => {}
         }
     }
 

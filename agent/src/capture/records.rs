@@ -2,7 +2,7 @@
 //!
 //! Pure and total: any byte string gives either a record or an error, never a panic, because
 //! recorded files are untrusted input to `infertrace replay`.
-use infertrace_common::{IoRecord, NewFdRecord, ProcRecord, RecordHeader, kind};
+use infertrace_common::{IoRecord, NewFdRecord, PollRecord, ProcRecord, RecordHeader, kind};
 use thiserror::Error;
 
 /// One kernel record.
@@ -34,6 +34,12 @@ pub enum Record {
         io: IoRecord,
         payload: Vec<u8>,
     },
+    /// A main thread's epoll wait; `header.ts_ns` is its return.
+    Poll {
+        header: RecordHeader,
+        enter_ns: u64,
+        ret: i64,
+    },
 }
 
 impl Record {
@@ -43,7 +49,8 @@ impl Record {
             | Record::Exec { header, .. }
             | Record::Exit { header }
             | Record::NewFd { header, .. }
-            | Record::Close { header, .. } => header,
+            | Record::Close { header, .. }
+            | Record::Poll { header, .. } => header,
             Record::Io { io, .. } => &io.header,
         }
     }
@@ -105,6 +112,14 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
             Ok(Record::Io {
                 io,
                 payload: payload[..declared].to_vec(),
+            })
+        }
+        kind::POLL => {
+            let r: PollRecord = read(bytes)?;
+            Ok(Record::Poll {
+                header,
+                enter_ns: r.enter_ns,
+                ret: r.ret,
             })
         }
         other => Err(RecordError::UnknownKind(other)),
@@ -178,6 +193,15 @@ pub fn encode(record: &Record) -> Vec<u8> {
             out.extend_from_slice(payload);
             out
         }
+        Record::Poll {
+            header,
+            enter_ns,
+            ret,
+        } => bytes_of(&PollRecord {
+            header: *header,
+            enter_ns: *enter_ns,
+            ret: *ret,
+        }),
     }
 }
 
@@ -261,6 +285,14 @@ mod tests {
             Record::Io {
                 io: io(3),
                 payload: b"abc".to_vec(),
+            },
+            Record::Poll {
+                header: RecordHeader {
+                    kind: kind::POLL,
+                    ..header
+                },
+                enter_ns: 2,
+                ret: -4,
             },
         ];
         for record in records {

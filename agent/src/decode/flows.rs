@@ -39,6 +39,8 @@ pub enum Decoded {
     },
     /// A read or write of a watched eventfd (an API server's libzmq mailbox).
     Wakeup(Wakeup),
+    /// A main thread's epoll wait: where its event loop ended one iteration and began the next.
+    LoopWait(LoopWait),
     /// A traced process and its title (command line), for the trackers that name processes.
     Process(ProcessInfo),
 }
@@ -55,10 +57,19 @@ pub struct Wakeup {
     pub write: bool,
 }
 
+/// One epoll wait of a process's main thread (its event loop, when it runs one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoopWait {
+    pub tgid: u32,
+    pub enter_ns: u64,
+    /// When the wait returned: the loop's next iteration began.
+    pub exit_ns: u64,
+}
+
 impl Decoded {
-    /// Decoded from captured bytes (not the note of a process).
+    /// Decoded from captured bytes (not the note of a process or of a loop's wait).
     pub fn is_message(&self) -> bool {
-        !matches!(self, Decoded::Process(_))
+        !matches!(self, Decoded::Process(_) | Decoded::LoopWait(_))
     }
 
     /// When the message began (first byte of the request, or of the ZMTP message).
@@ -72,6 +83,7 @@ impl Decoded {
                 .unwrap_or(0),
             Decoded::Zmtp { message, .. } => message.first_ns,
             Decoded::Wakeup(w) => w.ns,
+            Decoded::LoopWait(w) => w.exit_ns,
             // Known before any message: sorted first.
             Decoded::Process(_) => 0,
         }
@@ -88,6 +100,7 @@ impl Decoded {
                 .unwrap_or(0),
             Decoded::Zmtp { message, .. } => message.last_ns,
             Decoded::Wakeup(w) => w.ns,
+            Decoded::LoopWait(w) => w.exit_ns,
             Decoded::Process(_) => 0,
         }
     }
@@ -392,6 +405,13 @@ impl FlowTable {
                     self.end(key, header.ts_ns, &mut out);
                 }
             }
+            CaptureEvent::Kernel(Record::Poll {
+                header, enter_ns, ..
+            }) => out.push(Decoded::LoopWait(LoopWait {
+                tgid: header.tgid,
+                enter_ns: *enter_ns,
+                exit_ns: header.ts_ns,
+            })),
             CaptureEvent::Tick => self.tick(&mut out),
             CaptureEvent::Process(info) => out.push(Decoded::Process(info.clone())),
             _ => {}
@@ -579,6 +599,30 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(t.stats().ignored_bytes, 8);
+    }
+
+    #[test]
+    fn a_poll_record_is_a_loop_wait_ending_at_its_return_and_not_a_message() {
+        let poll = CaptureEvent::Kernel(Record::Poll {
+            header: RecordHeader {
+                kind: kind::POLL,
+                tgid: TGID,
+                tid: TGID,
+                _pad: 0,
+                ts_ns: 900,
+            },
+            enter_ns: 400,
+            ret: 1,
+        });
+        let out = FlowTable::new().handle(&poll);
+        let wait = LoopWait {
+            tgid: TGID,
+            enter_ns: 400,
+            exit_ns: 900,
+        };
+        assert!(matches!(out.as_slice(), [Decoded::LoopWait(w)] if *w == wait));
+        assert_eq!((out[0].start_ns(), out[0].end_ns()), (900, 900));
+        assert!(!out[0].is_message());
     }
 
     #[test]

@@ -18,6 +18,16 @@
 //!   taken over at some instant after it arrived that no syscall shows, so its arrival stands
 //!   (a lower bound) and it is counted as such.
 //!
+//! - vLLM stamps an output one loop iteration after that read: the read happens in the socket
+//!   task (or in pyzmq's reader callback, which wakes that task for the next iteration); the
+//!   task decodes the message and puts it on an asyncio queue, and `output_handler`, woken by
+//!   the queue, runs in the iteration after. asyncio (uvloop) runs the callbacks made ready in
+//!   one iteration in the next one, after waiting in epoll, so `output_handler` runs once the
+//!   loop thread's first epoll wait that began after the read has returned. The agent follows
+//!   main threads' epoll waits ([`LoopWait`]); an engine whose tracker passes them on gets
+//!   that instant ([`Handoffs::loop_waited`]), and one that does not (SGLang's frontend
+//!   handles its outputs in the socket's task) keeps the read.
+//!
 //! Sending is the mirror image: the application thread's `send` queues the message and, when
 //! the I/O thread was idle, wakes it by writing the I/O thread's mailbox; the I/O thread's
 //! write to the socket (the syscall captured) comes after. The application's instant (SGLang's
@@ -26,7 +36,7 @@
 //! one message; a message sent with no write before it keeps its send time (counted).
 use std::collections::{HashMap, VecDeque};
 
-use crate::decode::flows::Wakeup;
+use crate::decode::flows::{LoopWait, Wakeup};
 
 /// A write this long after a message is not that message's signal.
 const SIGNAL_WINDOW_NS: u64 = 1_000_000;
@@ -44,6 +54,8 @@ const MAX_KEPT: usize = 131_072;
 pub struct HandoffStats {
     /// Messages whose take-over by the event loop was seen (a mailbox read).
     pub taken_over: u64,
+    /// Of those, messages timed at the loop's next iteration after the read (vLLM).
+    pub next_iteration: u64,
     /// Messages kept at their arrival time: received while the loop was busy, before the
     /// mailbox was learned, or in a capture without eventfds.
     pub at_arrival: u64,
@@ -74,6 +86,9 @@ struct Process {
     signalled: Option<Vec<Arrival>>,
     /// The latest mailbox read: a write record older than it was already consumed.
     last_read_ns: u64,
+    /// Messages that read took over, by arrival, until the loop thread's next epoll wait
+    /// (only when the loop runs on the main thread, whose waits the agent sees).
+    awaiting_iteration: Vec<u64>,
     /// The latest eventfd writes (fd, ns), oldest first.
     recent_writes: VecDeque<(u32, u64)>,
     send_votes: HashMap<u32, u32>,
@@ -175,8 +190,31 @@ impl Handoffs {
                 .into_iter()
                 .collect(),
         };
-        for arrival in woken.into_iter().filter(|a| a.keep) {
-            self.keep(arrival.ns, w.ns);
+        let kept: Vec<u64> = woken.iter().filter(|a| a.keep).map(|a| a.ns).collect();
+        process.awaiting_iteration = if w.tid == w.tgid {
+            kept.clone()
+        } else {
+            Vec::new()
+        };
+        self.stats.taken_over += kept.len() as u64;
+        for received_ns in kept {
+            self.remember(received_ns, w.ns);
+        }
+    }
+
+    /// Process `wait.tgid`'s main thread waited in epoll: when the wait began after the latest
+    /// mailbox read, the messages that read took over are handled once it returns.
+    pub fn loop_waited(&mut self, wait: &LoopWait) {
+        let Some(process) = self.processes.get_mut(&wait.tgid) else {
+            return;
+        };
+        if wait.enter_ns < process.last_read_ns || process.awaiting_iteration.is_empty() {
+            return;
+        }
+        let moved = std::mem::take(&mut process.awaiting_iteration);
+        self.stats.next_iteration += moved.len() as u64;
+        for received_ns in moved {
+            self.remember(received_ns, wait.exit_ns);
         }
     }
 
@@ -185,11 +223,6 @@ impl Handoffs {
     /// to the I/O thread (the mailbox write that woke it); else that time itself.
     pub fn taken_at(&self, ns: u64) -> u64 {
         self.taken.get(&ns).copied().unwrap_or(ns)
-    }
-
-    fn keep(&mut self, received_ns: u64, taken_ns: u64) {
-        self.stats.taken_over += 1;
-        self.remember(received_ns, taken_ns);
     }
 
     fn remember(&mut self, captured_ns: u64, instant_ns: u64) {
@@ -313,6 +346,40 @@ mod tests {
         h.received(PID, t + 3 * MS, true);
         h.wakeup(&wakeup(MAILBOX, t + 9 * MS, false));
         assert_eq!(h.taken_at(t + 3 * MS), t + 9 * MS);
+    }
+
+    #[test]
+    fn a_message_read_by_the_main_thread_is_handled_when_its_next_loop_wait_returns() {
+        let mut h = learned();
+        let t = 250 * MS;
+        let wait = |enter_ns, exit_ns| LoopWait {
+            tgid: PID,
+            enter_ns,
+            exit_ns,
+        };
+        h.received(PID, t, true);
+        h.wakeup(&wakeup(MAILBOX, t + 20 * US, true));
+        h.wakeup(&wakeup(MAILBOX, t + MS, false));
+        // The wait the read came out of does not move it; the loop then runs 3 ms of other
+        // callbacks, and the first wait begun after the read returns at once.
+        h.loop_waited(&wait(t + 100 * US, t + 900 * US));
+        assert_eq!(h.taken_at(t), t + MS);
+        h.loop_waited(&wait(t + 4 * MS, t + 4 * MS + 10 * US));
+        assert_eq!(h.taken_at(t), t + 4 * MS + 10 * US);
+        // Later waits leave it there.
+        h.loop_waited(&wait(t + 5 * MS, t + 6 * MS));
+        assert_eq!(h.taken_at(t), t + 4 * MS + 10 * US);
+        // A loop on another thread: its read stands (that thread's waits are not followed).
+        let u = 260 * MS;
+        h.received(PID, u, true);
+        h.wakeup(&wakeup(MAILBOX, u + 20 * US, true));
+        h.wakeup(&Wakeup {
+            tid: PID + 7,
+            ..wakeup(MAILBOX, u + MS, false)
+        });
+        h.loop_waited(&wait(u + 2 * MS, u + 3 * MS));
+        assert_eq!(h.taken_at(u), u + MS);
+        assert_eq!((h.stats.taken_over, h.stats.next_iteration), (1 + 2, 1));
     }
 
     #[test]

@@ -371,6 +371,7 @@ impl VllmTracker {
                 Some(Err(e)) => self.undecodable(&e),
             },
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
+            Decoded::LoopWait(wait) => self.handoffs.loop_waited(wait),
             Decoded::Process(_) => {}
         }
     }

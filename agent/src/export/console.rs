@@ -31,7 +31,12 @@ impl Console {
         Self { realtime_offset_ns }
     }
 
-    pub fn line(&self, decoded: &Decoded) -> String {
+    /// The line for one decoded item; none for a loop's epoll wait (thousands a second, and
+    /// only an input to the timing of others).
+    pub fn line(&self, decoded: &Decoded) -> Option<String> {
+        if matches!(decoded, Decoded::LoopWait(_)) {
+            return None;
+        }
         let mut line = String::with_capacity(160);
         self.time(&mut line, decoded.start_ns());
         match decoded {
@@ -60,8 +65,9 @@ impl Console {
                     w.tgid, w.fd, w.tid
                 );
             }
+            Decoded::LoopWait(_) => {}
         }
-        line
+        Some(line)
     }
 
     /// HH:MM:SS.micros of the wall clock.
@@ -307,7 +313,7 @@ mod tests {
             message,
         };
         assert_eq!(
-            Console::new(3_600_000_000_000).line(&d),
+            Console::new(3_600_000_000_000).line(&d).unwrap(),
             "01:00:01.000000 zmtp pid=5 fd=9 send 2 frame(s), 21 B: [1 B 00] \
              [20 B 000102030405060708090a0b..]"
         );

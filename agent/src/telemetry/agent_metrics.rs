@@ -62,6 +62,11 @@ pub const TAKEN_OVER: MetricDef = counter(
     "infertrace_outputs_taken_over_total",
     "Engine outputs timed when the frontend's event loop took them over (its mailbox read).",
 );
+pub const NEXT_ITERATION: MetricDef = counter(
+    "infertrace_outputs_next_iteration_total",
+    "Of the outputs taken over, those timed when the event loop began its next iteration after \
+     the mailbox read (vLLM handles outputs one iteration after reading them).",
+);
 pub const AT_ARRIVAL: MetricDef = counter(
     "infertrace_outputs_at_arrival_total",
     "Engine outputs timed at their arrival in the frontend (its loop was busy, or its mailbox \
@@ -82,7 +87,7 @@ pub const TRACES: MetricDef = counter(
 );
 
 /// Every agent metric, for exporters that declare instruments up front.
-pub static ALL: [&MetricDef; 15] = [
+pub static ALL: [&MetricDef; 16] = [
     &CAPTURED_SYSCALLS,
     &LOST_RECORDS,
     &TRUNCATED_SYSCALLS,
@@ -94,6 +99,7 @@ pub static ALL: [&MetricDef; 15] = [
     &EVICTED,
     &LAYOUT_SWITCHES,
     &TAKEN_OVER,
+    &NEXT_ITERATION,
     &AT_ARRIVAL,
     &HANDED_OVER,
     &AT_SEND,
@@ -128,6 +134,7 @@ pub fn tracker(
         (&EVICTED, stats.evicted),
         (&LAYOUT_SWITCHES, layout_switches),
         (&TAKEN_OVER, handoffs.taken_over),
+        (&NEXT_ITERATION, handoffs.next_iteration),
         (&AT_ARRIVAL, handoffs.at_arrival),
         (&HANDED_OVER, handoffs.handed_over),
         (&AT_SEND, handoffs.at_send),
