@@ -31,6 +31,8 @@ struct SpanView<'a> {
     start: u64,
     end: u64,
     attributes: &'a Value,
+    /// Span ids of the spans it links to (same trace).
+    links: Vec<&'a str>,
 }
 
 fn number(v: &Value) -> Option<f64> {
@@ -45,6 +47,10 @@ fn ours_view(v: &Value) -> Option<SpanView<'_>> {
         start: v["start_time_unix_nano"].as_u64().unwrap_or(0),
         end: v["end_time_unix_nano"].as_u64().unwrap_or(0),
         attributes: &v["attributes"],
+        links: v["links"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default(),
     })
 }
 
@@ -57,7 +63,19 @@ fn their_view(v: &Value) -> SpanView<'_> {
         start: ns("startTimeUnixNano"),
         end: ns("endTimeUnixNano"),
         attributes: &v["attributes"],
+        links: v["links"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|l| l["spanId"].as_str()).collect())
+            .unwrap_or_default(),
     }
+}
+
+/// Names of the spans `span` links to, on its own side.
+fn linked_names<'a>(all: &'a [SpanView<'a>], span: &SpanView) -> Vec<&'a str> {
+    span.links
+        .iter()
+        .filter_map(|id| all.iter().find(|s| s.id == *id).map(|s| s.name))
+        .collect()
 }
 
 fn is_request(s: &SpanView) -> bool {
@@ -109,6 +127,7 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
     }
     let mut diffs: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut staged = 0;
+    let mut links_compared = 0;
     for theirs_req in &truth {
         let id = rid(theirs_req);
         let Some(ours_req) = requests.iter().find(|s| rid(s) == id) else {
@@ -178,6 +197,27 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
                 r.fail(format!("{id}: SGLang has no {}", stage.name));
                 continue;
             };
+            // Links: the same previous stage. infertrace's tokenize stands for SGLang's
+            // tokenize + api_server_dispatch, and its decode_forward for SGLang's decode_waiting
+            // + decode_forward (the first decode batch's scheduling is not on the wire).
+            let (ours_links, theirs_links) = (
+                linked_names(&ours, stage),
+                linked_names(&theirs, theirs_stage),
+            );
+            let same = ours_links.len() == theirs_links.len()
+                && ours_links.iter().zip(&theirs_links).all(|(a, b)| {
+                    a == b
+                        || (*a == "tokenize" && *b == "api_server_dispatch")
+                        || (*a == "prefill_forward" && *b == "decode_waiting")
+                });
+            if same {
+                links_compared += ours_links.len();
+            } else {
+                r.fail(format!(
+                    "{id}: {} links to {ours_links:?}, SGLang's to {theirs_links:?}",
+                    stage.name
+                ));
+            }
             let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
             let (start, end) = (
                 d(stage.start, theirs_stage.start),
@@ -205,7 +245,10 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
             }
         }
     }
-    let _ = writeln!(r.text, "stage spans compared for {staged} requests");
+    let _ = writeln!(
+        r.text,
+        "stage spans compared for {staged} requests, {links_compared} stage links equal"
+    );
     for (key, values) in &diffs {
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         let _ = writeln!(

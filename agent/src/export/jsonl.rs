@@ -89,6 +89,7 @@ mod tests {
             end_time_unix_nano: 7,
             attributes: vec![("gen_ai.usage.prompt_tokens", AttrValue::Int(3))],
             events: vec![],
+            links: Vec::new(),
             error: None,
         };
         let mut out = Jsonl::new(Vec::new());

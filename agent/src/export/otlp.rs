@@ -24,7 +24,7 @@ use std::{
 use opentelemetry::{
     InstrumentationScope, KeyValue, Value,
     metrics::MeterProvider as _,
-    trace::{Event, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState},
+    trace::{Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState},
 };
 use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig as _};
 use opentelemetry_sdk::{
@@ -413,7 +413,24 @@ pub fn span_data(span: &Span) -> SpanData {
                 .collect();
             events
         },
-        links: SpanLinks::default(),
+        links: {
+            let mut links = SpanLinks::default();
+            links.links = span
+                .links
+                .iter()
+                .map(|id| {
+                    let context = SpanContext::new(
+                        TraceId::from_bytes(span.trace_id),
+                        SpanId::from_bytes(*id),
+                        TraceFlags::SAMPLED,
+                        false,
+                        TraceState::default(),
+                    );
+                    Link::new(context, Vec::new(), 0)
+                })
+                .collect();
+            links
+        },
         status: match &span.error {
             Some(message) => Status::error(message.clone()),
             None => Status::Unset,
@@ -501,6 +518,7 @@ mod tests {
                 ("gen_ai.token.ids", AttrValue::IntArray(vec![1, 2])),
             ],
             events: vec![],
+            links: vec![[6; 8]],
             error: Some("boom".into()),
         };
         let d = span_data(&span);
@@ -515,6 +533,12 @@ mod tests {
             KeyValue::new("gen_ai.latency.e2e", 2_000i64)
         );
         assert_eq!(d.status, Status::error("boom"));
+        assert_eq!(d.links.len(), 1);
+        let link = &d.links[0].span_context;
+        assert_eq!(
+            (link.trace_id(), link.span_id()),
+            (TraceId::from_bytes([7; 16]), SpanId::from_bytes([6; 8]))
+        );
         assert_eq!(d.span_kind, SpanKind::Internal);
     }
 }

@@ -83,6 +83,7 @@ pub fn entry_span(
         end_time_unix_nano: clock.unix_ns(end_ns),
         attributes: a,
         events: Vec::new(),
+        links: Vec::new(),
         error,
     }
 }

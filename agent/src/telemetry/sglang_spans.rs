@@ -28,7 +28,8 @@
 //!   non-streamed request with scheduler time stats, the scheduler's prefill end, as SGLang.
 //!
 //! Request-span latencies are float seconds (the spec's unit for SGLang). The scheduler's
-//! ranks come from its process title; span links and events are not produced yet.
+//! ranks come from its process title. Each stage links to the one before it, as SGLang's do;
+//! span events are not produced yet.
 use super::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
@@ -245,27 +246,33 @@ fn request_spans(
         end_time_unix_nano: end,
         attributes: a,
         events: Vec::new(),
+        links: Vec::new(),
         error: None,
     };
     let request_id = request.span_id;
     out.push(request);
-    let mut child =
-        |name: String, start: u64, end: u64, parent: [u8; 8], attributes: Attributes| {
-            let span = Span {
-                trace_id,
-                span_id: ids.span_id(),
-                parent_span_id: Some(parent),
-                name,
-                start_time_unix_nano: start,
-                end_time_unix_nano: end.max(start),
-                attributes,
-                events: Vec::new(),
-                error: None,
-            };
-            let id = span.span_id;
-            out.push(span);
-            id
+    let mut child = |name: String,
+                     start: u64,
+                     end: u64,
+                     parent: [u8; 8],
+                     attributes: Attributes,
+                     link: Option<[u8; 8]>| {
+        let span = Span {
+            trace_id,
+            span_id: ids.span_id(),
+            parent_span_id: Some(parent),
+            name,
+            start_time_unix_nano: start,
+            end_time_unix_nano: end.max(start),
+            attributes,
+            events: Vec::new(),
+            links: link.into_iter().collect(),
+            error: None,
         };
+        let id = span.span_id;
+        out.push(span);
+        id
+    };
     let host = options.host_id.as_deref();
     let tokenizer = child(
         thread_name("Tokenizer", host, t.frontend_pid),
@@ -273,14 +280,18 @@ fn request_spans(
         at.dispatched,
         request_id,
         thread_attributes("Tokenizer", host, t.frontend_pid),
+        None,
     );
-    child(
+    // Each stage links to the stage before it, across threads too (SGLang's request_process
+    // links to the Tokenizer's last stage); threads and decode loops link nothing.
+    let mut previous_stage = Some(child(
         "tokenize".into(),
         at.created,
         at.dispatched,
         tokenizer,
         vec![("infertrace.includes_dispatch", true.into())],
-    );
+        None,
+    ));
     let (Some(pid), Some(recv)) = (t.scheduler_pid, t.scheduler_recv_ns) else {
         return;
     };
@@ -300,6 +311,7 @@ fn request_spans(
         completion.unwrap_or(recv),
         request_id,
         attributes,
+        None,
     );
     let times = t.times.unwrap_or_default();
     let stages = [
@@ -321,7 +333,14 @@ fn request_spans(
     ];
     for (name, start, end) in stages {
         if let (Some(start), Some(end)) = (start, end) {
-            child(name.into(), start, end, scheduler, Vec::new());
+            previous_stage = Some(child(
+                name.into(),
+                start,
+                end,
+                scheduler,
+                Vec::new(),
+                previous_stage,
+            ));
         }
     }
     // Decode: from the prefill's end (or the first output of a streamed request) to the
@@ -341,7 +360,14 @@ fn request_spans(
     if t.completion_tokens.unwrap_or(0) < 2 {
         return;
     }
-    let decode = child("decode_forward".into(), start, end, scheduler, Vec::new());
+    let decode = child(
+        "decode_forward".into(),
+        start,
+        end,
+        scheduler,
+        Vec::new(),
+        previous_stage,
+    );
     if t.stream {
         let mut from = start;
         for (ct, &to) in steps.iter().skip(1).enumerate() {
@@ -351,6 +377,7 @@ fn request_spans(
                 to,
                 decode,
                 vec![("decode_ct", (ct as i64).into())],
+                None,
             );
             from = to;
         }

@@ -71,6 +71,10 @@ pub struct Span {
     #[serde(serialize_with = "attributes_as_map")]
     pub attributes: Attributes,
     pub events: Vec<SpanEvent>,
+    /// Links to other spans of the same trace (their span ids), not parents: SGLang links each
+    /// stage to the one before it.
+    #[serde(serialize_with = "hex_list", skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<[u8; 8]>,
     /// Error status with its message; None is status UNSET.
     pub error: Option<String>,
 }
@@ -155,6 +159,10 @@ fn hex_opt<S: serde::Serializer>(id: &Option<[u8; 8]>, s: S) -> Result<S::Ok, S:
         Some(id) => s.serialize_str(&to_hex(id)),
         None => s.serialize_none(),
     }
+}
+
+fn hex_list<S: serde::Serializer>(ids: &[[u8; 8]], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(ids.iter().map(|id| to_hex(id)))
 }
 
 fn attributes_as_map<S: serde::Serializer>(attrs: &Attributes, s: S) -> Result<S::Ok, S::Error> {

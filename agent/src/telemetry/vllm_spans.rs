@@ -206,6 +206,7 @@ fn engine_spans(
         end_time_unix_nano: end,
         attributes: a,
         events,
+        links: Vec::new(),
         error: None,
     });
     if options.granularity == 0 {
@@ -223,6 +224,7 @@ fn engine_spans(
             end_time_unix_nano: clock.unix_ns_of_mono_secs(to),
             attributes: a,
             events: Vec::new(),
+            links: Vec::new(),
             error: None,
         });
     };
