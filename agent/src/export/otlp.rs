@@ -377,16 +377,21 @@ fn system_time(unix_ns: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_nanos(unix_ns)
 }
 
+/// The context of a sampled span of ours (ids are never the reserved all-zero ones).
+fn sampled_context(trace_id: [u8; 16], span_id: [u8; 8]) -> SpanContext {
+    SpanContext::new(
+        TraceId::from_bytes(trace_id),
+        SpanId::from_bytes(span_id),
+        TraceFlags::SAMPLED,
+        false,
+        TraceState::default(),
+    )
+}
+
 /// Our span as the SDK's exportable span.
 pub fn span_data(span: &Span) -> SpanData {
     SpanData {
-        span_context: SpanContext::new(
-            TraceId::from_bytes(span.trace_id),
-            SpanId::from_bytes(span.span_id),
-            TraceFlags::SAMPLED,
-            false,
-            TraceState::default(),
-        ),
+        span_context: sampled_context(span.trace_id, span.span_id),
         parent_span_id: span
             .parent_span_id
             .map_or(SpanId::INVALID, SpanId::from_bytes),
@@ -418,16 +423,7 @@ pub fn span_data(span: &Span) -> SpanData {
             links.links = span
                 .links
                 .iter()
-                .map(|id| {
-                    let context = SpanContext::new(
-                        TraceId::from_bytes(span.trace_id),
-                        SpanId::from_bytes(*id),
-                        TraceFlags::SAMPLED,
-                        false,
-                        TraceState::default(),
-                    );
-                    Link::new(context, Vec::new(), 0)
-                })
+                .map(|id| Link::new(sampled_context(span.trace_id, *id), Vec::new(), 0))
                 .collect();
             links
         },
