@@ -62,6 +62,8 @@ pub struct SglangSampling {
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,
     pub n: Option<u64>,
+    /// The request's own streaming interval (tokens per streamed output), when it set one.
+    pub stream_interval: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -575,6 +577,7 @@ fn sampling(v: &PyValue, table: &FieldTable) -> SglangSampling {
         top_p: fields.get("top_p").and_then(PyValue::as_f64),
         top_k: fields.get("top_k").and_then(PyValue::as_i64),
         n: fields.get("n").and_then(count),
+        stream_interval: fields.get("stream_interval").and_then(count),
     }
 }
 

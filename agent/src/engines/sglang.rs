@@ -67,6 +67,32 @@ pub fn scheduler_ranks(cmdline: &[String]) -> Option<Ranks> {
     Some(ranks)
 }
 
+/// The server's `--stream-interval` (tokens per streamed output) from the command line of
+/// SGLang's main process (`python -m sglang.launch_server ...`, `sglang serve ...`): its
+/// default, 1, when the flag is absent; None for other processes (the scheduler and the
+/// detokenizer retitle themselves `sglang::...`).
+pub fn server_stream_interval(cmdline: &[String]) -> Option<u64> {
+    let launches = cmdline.iter().enumerate().any(|(i, arg)| {
+        arg == "sglang.launch_server"
+            || ((arg == "sglang" || arg.ends_with("/sglang"))
+                && cmdline.get(i + 1).is_some_and(|a| a == "serve"))
+    });
+    if !launches {
+        return None;
+    }
+    let value = cmdline
+        .iter()
+        .enumerate()
+        .find_map(|(i, arg)| match arg.as_str() {
+            "--stream-interval" => cmdline.get(i + 1).map(String::as_str),
+            _ => arg.strip_prefix("--stream-interval="),
+        });
+    match value {
+        Some(v) => v.parse().ok(),
+        None => Some(1),
+    }
+}
+
 /// One SGLang engine request (one rid), as the main process and the scheduler saw it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SglangTimeline {
@@ -74,6 +100,8 @@ pub struct SglangTimeline {
     pub prompt_tokens: Option<u64>,
     pub sampling: SglangSampling,
     pub stream: bool,
+    /// Tokens per streamed output: the request's own interval, else its server's.
+    pub stream_interval: Option<u64>,
     pub bootstrap_room: Option<u64>,
     /// SGLang's own tracing context, when its tracing is on.
     pub trace: Option<TraceContext>,
@@ -190,6 +218,8 @@ pub struct SglangTracker {
     decoder: SglangDecoder,
     /// Scheduler processes' ranks, from their titles.
     ranks: HashMap<u32, Ranks>,
+    /// Main processes' `--stream-interval`, from their command lines.
+    stream_intervals: HashMap<u32, u64>,
     in_flight: InFlight<SglangTimeline>,
     joiner: Joiner<SglangTimeline>,
     handoffs: Handoffs,
@@ -202,6 +232,7 @@ impl Default for SglangTracker {
         Self {
             decoder: SglangDecoder::default(),
             ranks: HashMap::new(),
+            stream_intervals: HashMap::new(),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
             joiner: Joiner::default(),
             handoffs: Handoffs::default(),
@@ -232,6 +263,9 @@ impl SglangTracker {
             Decoded::Process(info) => {
                 if let Some(ranks) = scheduler_ranks(&info.cmdline) {
                     self.ranks.insert(info.pid, ranks);
+                }
+                if let Some(interval) = server_stream_interval(&info.cmdline) {
+                    self.stream_intervals.insert(info.pid, interval);
                 }
             }
             Decoded::Zmtp {
@@ -266,7 +300,11 @@ impl SglangTracker {
                 }
                 self.stats.requests += 1;
                 self.handoffs.sent(tgid, first_ns, true);
-                let timeline = SglangTimeline::new(&r, tgid, first_ns);
+                let mut timeline = SglangTimeline::new(&r, tgid, first_ns);
+                timeline.stream_interval = r
+                    .sampling
+                    .stream_interval
+                    .or_else(|| self.stream_intervals.get(&tgid).copied());
                 self.stats.evicted += self.in_flight.insert(r.rid.clone(), timeline);
             }
             (SglangMessage::Request(r), false) => {
@@ -373,6 +411,33 @@ mod tests {
 
     fn title(t: &str) -> Vec<String> {
         vec![t.to_owned()]
+    }
+
+    #[test]
+    fn the_main_process_command_line_gives_the_stream_interval() {
+        let args = |s: &str| -> Vec<String> { s.split(' ').map(str::to_owned).collect() };
+        let interval = |s: &str| server_stream_interval(&args(s));
+        assert_eq!(
+            interval("python -m sglang.launch_server --model-path m"),
+            Some(1)
+        );
+        assert_eq!(
+            interval("python -m sglang.launch_server --stream-interval 4 --port 1"),
+            Some(4)
+        );
+        assert_eq!(
+            interval("/venv/bin/sglang serve --stream-interval=2"),
+            Some(2)
+        );
+        assert_eq!(
+            interval("python -m sglang.launch_server --stream-interval x"),
+            None
+        );
+        assert_eq!(interval("sglang::scheduler"), None);
+        assert_eq!(
+            interval("python -m vllm.entrypoints.openai.api_server"),
+            None
+        );
     }
 
     #[test]

@@ -92,7 +92,9 @@ pub fn engine_side(engine: &[SglangTimeline]) -> EngineSide {
     }
 }
 
-/// The SGLang entry span's own attributes: e2e in seconds, cached prompt tokens.
+/// The SGLang entry span's own attributes: e2e in seconds, cached prompt tokens, and for a
+/// streamed call the spec's estimate of the tokens streamed (outputs carrying content times
+/// the stream interval).
 fn sglang_entry_attributes(
     a: &mut Attributes,
     api: &ApiExchange,
@@ -110,6 +112,17 @@ fn sglang_entry_attributes(
         "gen_ai.usage.cache_read.input_tokens",
         engine.iter().find_map(|e| e.cached_tokens),
     );
+    if api.call.stream {
+        let increments = api.call.content_event_ns.len() as u64;
+        push_opt(
+            a,
+            "gen_ai.response.tokens_streamed",
+            engine
+                .iter()
+                .find_map(|e| e.stream_interval)
+                .map(|interval| increments * interval),
+        );
+    }
 }
 
 /// The instants of one request as SGLang defines them, in Unix ns.
