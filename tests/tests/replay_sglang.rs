@@ -237,8 +237,8 @@ fn both_encodings_decode_to_the_same_requests_and_outputs() {
     assert_eq!(shape(&pickle), shape(&msgpack));
 }
 
-/// infertrace's JSONL for one recording, replayed as SGLang.
-fn replay_to_jsonl(name: &str, out: &std::path::Path) {
+/// infertrace's JSONL for one recording, replayed as SGLang at a trace level.
+fn replay_to_jsonl(name: &str, out: &std::path::Path, sglang_trace_level: u8) {
     let file = std::fs::File::create(out).expect("temp file");
     session::replay_pipeline(
         &fixture(name),
@@ -247,6 +247,7 @@ fn replay_to_jsonl(name: &str, out: &std::path::Path) {
                 PipelineOptions {
                     spans: SpanOptions {
                         default_model: Some("tiny".into()),
+                        sglang_trace_level,
                         ..SpanOptions::default()
                     },
                     metrics_interval_ns: 10_000_000_000,
@@ -274,7 +275,7 @@ fn sglang_request_and_stage_spans_agree_with_sglangs_own() {
             "infertrace-sglang-{mode}-{}.jsonl",
             std::process::id()
         ));
-        replay_to_jsonl(&format!("sglang-0.5.23-{mode}.rec"), &out);
+        replay_to_jsonl(&format!("sglang-0.5.23-{mode}.rec"), &out, 3);
         let read = |suffix: &str| {
             std::fs::read_to_string(fixture(&format!("sglang-0.5.23-{mode}.{suffix}")))
                 .expect("fixture")
@@ -297,4 +298,59 @@ fn sglang_request_and_stage_spans_agree_with_sglangs_own() {
             report.text
         );
     }
+}
+
+/// Lower trace levels leave out the stages above them, and the next stage links to the last
+/// one kept; level 0 leaves only the entry spans.
+#[test]
+fn trace_levels_leave_out_higher_stages_and_relink() {
+    let out = std::env::temp_dir().join(format!(
+        "infertrace-sglang-levels-{}.jsonl",
+        std::process::id()
+    ));
+    let spans_at = |level: u8| -> Vec<serde_json::Value> {
+        replay_to_jsonl("sglang-0.5.23-pickle.rec", &out, level);
+        let spans = infertrace_tests::vllm_truth::json_lines(&out)
+            .into_iter()
+            .filter(|v| v["type"] == "span")
+            .collect();
+        let _ = std::fs::remove_file(&out);
+        spans
+    };
+    let count = |spans: &[serde_json::Value], name: &str| {
+        spans.iter().filter(|s| s["name"] == name).count()
+    };
+    let full = spans_at(3);
+    assert!(count(&full, "request_process") > 20 && count(&full, "decode_loop") > 100);
+    let level1 = spans_at(1);
+    assert_eq!(count(&level1, "request_process"), 0);
+    assert_eq!(count(&level1, "decode_loop"), 0);
+    assert_eq!(
+        count(&level1, "prefill_waiting"),
+        count(&full, "prefill_waiting")
+    );
+    // prefill_waiting now follows tokenize directly.
+    let name_of = |id: &serde_json::Value| {
+        level1
+            .iter()
+            .find(|s| &s["span_id"] == id)
+            .and_then(|s| s["name"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for waiting in level1.iter().filter(|s| s["name"] == "prefill_waiting") {
+        assert_eq!(name_of(&waiting["links"][0]), "tokenize");
+    }
+    let level0 = spans_at(0);
+    assert!(!level0.is_empty());
+    assert!(
+        level0.iter().all(|s| {
+            let name = s["name"].as_str().unwrap_or_default();
+            name.starts_with("chat ")
+                || name.starts_with("text_completion ")
+                || name.starts_with("generate")
+        }),
+        "{:?}",
+        level0.iter().map(|s| s["name"].clone()).collect::<Vec<_>>()
+    );
 }

@@ -163,7 +163,7 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
                         granularity: 2,
                         capture_content: true,
                         default_model: None,
-                        host_id: None,
+                        ..SpanOptions::default()
                     },
                     metrics_interval_ns: 10_000_000_000,
                     vllm_version: Some("0.32.0+cpu".into()),

@@ -15,6 +15,9 @@ pub mod vllm_spans;
 pub struct SpanOptions {
     /// 0: entry + `llm_request`; 1: + stage spans; 2: + per-iteration events.
     pub granularity: u8,
+    /// SGLang's trace level: native stage spans above it are left out; 0 leaves out the
+    /// native hierarchy.
+    pub sglang_trace_level: u8,
     /// Prompt and output text on entry spans.
     pub capture_content: bool,
     /// Model name when the API call did not say (the engine's served model name).
@@ -27,6 +30,7 @@ impl Default for SpanOptions {
     fn default() -> Self {
         Self {
             granularity: 1,
+            sglang_trace_level: 3,
             capture_content: false,
             default_model: None,
             host_id: None,

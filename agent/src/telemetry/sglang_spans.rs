@@ -61,7 +61,13 @@ pub fn spans(
         out.push(entry);
         parent
     });
-    for t in &trace.engine {
+    // Trace level 0: SGLang's native instrumentation is off; the entry span stays.
+    let native = if options.sglang_trace_level == 0 {
+        &[][..]
+    } else {
+        &trace.engine[..]
+    };
+    for t in native {
         let (trace_id, parent_span) = match parent {
             Some((trace, span)) => (trace, Some(span)),
             None => (ids.trace_id(), None),
@@ -264,47 +270,28 @@ fn request_spans(
     };
     let request_id = request.span_id;
     out.push(request);
-    let mut child = |name: String,
-                     start: u64,
-                     end: u64,
-                     parent: [u8; 8],
-                     attributes: Attributes,
-                     link: Option<[u8; 8]>| {
-        let span = Span {
-            trace_id,
-            span_id: ids.span_id(),
-            parent_span_id: Some(parent),
-            name,
-            start_time_unix_nano: start,
-            end_time_unix_nano: end.max(start),
-            attributes,
-            events: Vec::new(),
-            links: link.into_iter().collect(),
-            error: None,
-        };
-        let id = span.span_id;
-        out.push(span);
-        id
+    let mut b = Children {
+        trace_id,
+        ids,
+        out,
+        max_level: options.sglang_trace_level,
+        previous_stage: None,
     };
     let host = options.host_id.as_deref();
-    let tokenizer = child(
+    let tokenizer = b.thread(
         thread_name("Tokenizer", host, t.frontend_pid),
         at.created,
         at.dispatched,
         request_id,
         thread_attributes("Tokenizer", host, t.frontend_pid),
-        None,
     );
-    // Each stage links to the stage before it, across threads too (SGLang's request_process
-    // links to the Tokenizer's last stage); threads and decode loops link nothing.
-    let mut previous_stage = Some(child(
-        "tokenize".into(),
+    b.stage(
+        "tokenize",
         at.created,
         at.dispatched,
         tokenizer,
         vec![("infertrace.includes_dispatch", true.into())],
-        None,
-    ));
+    );
     let (Some(pid), Some(recv)) = (t.scheduler_pid, t.scheduler_recv_ns) else {
         return;
     };
@@ -318,13 +305,12 @@ fn request_spans(
         attributes.push(("pp_rank", i64::from(r.pp).into()));
         push_opt(&mut attributes, "dp_rank", r.dp.map(i64::from));
     }
-    let scheduler = child(
+    let scheduler = b.thread(
         thread_name(&scheduler_label(ranks), host, pid),
         recv,
         completion.unwrap_or(recv),
         request_id,
         attributes,
-        None,
     );
     let times = t.times.unwrap_or_default();
     let stages = [
@@ -346,14 +332,7 @@ fn request_spans(
     ];
     for (name, start, end) in stages {
         if let (Some(start), Some(end)) = (start, end) {
-            previous_stage = Some(child(
-                name.into(),
-                start,
-                end,
-                scheduler,
-                Vec::new(),
-                previous_stage,
-            ));
+            b.stage(name, start, end, scheduler, Vec::new());
         }
     }
     // Decode: from the prefill's end (or the first output of a streamed request) to the
@@ -373,27 +352,102 @@ fn request_spans(
     if t.completion_tokens.unwrap_or(0) < 2 {
         return;
     }
-    let decode = child(
-        "decode_forward".into(),
-        start,
-        end,
-        scheduler,
-        Vec::new(),
-        previous_stage,
-    );
+    let Some(decode) = b.stage("decode_forward", start, end, scheduler, Vec::new()) else {
+        return;
+    };
     if t.stream {
         let mut from = start;
         for (ct, &to) in steps.iter().skip(1).enumerate() {
-            child(
-                "decode_loop".into(),
+            b.stage(
+                "decode_loop",
                 from,
                 to,
                 decode,
                 vec![("decode_ct", (ct as i64).into())],
-                None,
             );
             from = to;
         }
+    }
+}
+
+/// The spec's level of each native stage span (SGLang's `RequestStage` table): a stage above
+/// the configured trace level is not produced.
+fn stage_level(name: &str) -> u8 {
+    match name {
+        "request_process" | "api_server_dispatch" => 2,
+        "decode_loop" | "chunked_prefill" => 3,
+        _ => 1,
+    }
+}
+
+/// Builds the thread and stage spans under one request span.
+struct Children<'a> {
+    trace_id: [u8; 16],
+    ids: &'a mut IdGenerator,
+    out: &'a mut Vec<Span>,
+    max_level: u8,
+    /// The latest stage produced: the next one links to it (across threads too, as SGLang's
+    /// request_process links to the Tokenizer's last stage).
+    previous_stage: Option<[u8; 8]>,
+}
+
+impl Children<'_> {
+    fn push(
+        &mut self,
+        name: String,
+        (start, end): (u64, u64),
+        parent: [u8; 8],
+        attributes: Attributes,
+        link: Option<[u8; 8]>,
+    ) -> [u8; 8] {
+        let span = Span {
+            trace_id: self.trace_id,
+            span_id: self.ids.span_id(),
+            parent_span_id: Some(parent),
+            name,
+            start_time_unix_nano: start,
+            end_time_unix_nano: end.max(start),
+            attributes,
+            events: Vec::new(),
+            links: link.into_iter().collect(),
+            error: None,
+        };
+        let id = span.span_id;
+        self.out.push(span);
+        id
+    }
+
+    fn thread(
+        &mut self,
+        name: String,
+        start: u64,
+        end: u64,
+        parent: [u8; 8],
+        attributes: Attributes,
+    ) -> [u8; 8] {
+        self.push(name, (start, end), parent, attributes, None)
+    }
+
+    /// A stage span, unless its level is above the trace level. Decode loops (children of
+    /// decode_forward) link nothing and are not linked to.
+    fn stage(
+        &mut self,
+        name: &'static str,
+        start: u64,
+        end: u64,
+        parent: [u8; 8],
+        attributes: Attributes,
+    ) -> Option<[u8; 8]> {
+        if stage_level(name) > self.max_level {
+            return None;
+        }
+        if name == "decode_loop" {
+            return Some(self.push(name.into(), (start, end), parent, attributes, None));
+        }
+        let link = self.previous_stage;
+        let id = self.push(name.into(), (start, end), parent, attributes, link);
+        self.previous_stage = Some(id);
+        Some(id)
     }
 }
 
