@@ -63,8 +63,8 @@ enum Task {
         /// Alternating runs per configuration.
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Prompts per run.
-        #[arg(long, default_value_t = 64)]
+        /// Prompts per run (256: ~7 s runs on a 2-core VM; shorter ones are noise-dominated).
+        #[arg(long, default_value_t = 256)]
         num_prompts: u32,
     },
     /// The process traced by bench-capture (internal).

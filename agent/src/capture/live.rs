@@ -15,8 +15,8 @@ use super::{
 };
 use crate::discover::{
     engine::{self, Engine, Role},
-    procfs, sockets,
-    sockets::FdKind,
+    procfs,
+    sockets::{FdKind, SocketLookup},
 };
 
 /// Records read from the ring buffer before their /proc look-ups are done.
@@ -32,6 +32,7 @@ pub struct LiveStats {
 pub struct LiveCapture {
     kernel: KernelCapture,
     roles: Roles,
+    sockets: SocketLookup,
     pub stats: LiveStats,
 }
 
@@ -69,6 +70,7 @@ impl LiveCapture {
             Self {
                 kernel,
                 roles: Roles::default(),
+                sockets: SocketLookup::default(),
                 stats: LiveStats::default(),
             },
             events,
@@ -113,7 +115,7 @@ impl LiveCapture {
                 generation,
             } => {
                 let tgid = header.tgid;
-                match sockets::classify(tgid, *fd) {
+                match self.sockets.classify(tgid, *fd) {
                     Some(kind) => {
                         // Asked per fd, not once per process: a forked child shares its
                         // parent's title until it sets its own.
@@ -161,6 +163,7 @@ impl LiveCapture {
             }
             Record::Exit { header } => {
                 self.roles.forget(header.tgid);
+                self.sockets.forget(header.tgid);
                 self.kernel.forget_process(header.tgid);
             }
             Record::Close { .. } | Record::Io { .. } | Record::Poll { .. } => {}

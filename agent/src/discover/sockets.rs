@@ -6,7 +6,15 @@
 //! are libzmq's mailboxes, and reading one is the moment the event loop takes over a message its
 //! I/O thread received (see `engines::handoff`). Pipes, other eventfds, files and other sockets
 //! are ignored in the kernel from then on.
-use std::{fs, net::SocketAddr};
+use std::{
+    collections::HashMap,
+    fs, io,
+    net::SocketAddr,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use socket2::{Domain, SockRef, Type};
 
 use serde::{Deserialize, Serialize};
 
@@ -47,38 +55,167 @@ impl FdKind {
     }
 }
 
-/// Classify fd `fd` of process `pid`; None when the fd or the process is gone. An eventfd
-/// comes back unwatched: whether its process is an API server is the caller's question.
-pub fn classify(pid: u32, fd: u32) -> Option<FdKind> {
-    let target = fs::read_link(proc_path(pid, &format!("fd/{fd}"))).ok()?;
-    let target = target.to_string_lossy();
-    if target == EVENTFD_LINK {
-        return Some(FdKind::Eventfd { watched: false });
+/// How long a process's listening ports are trusted before they are looked up again.
+const LISTENING_TTL: Duration = Duration::from_secs(1);
+
+/// Classifies fds of traced processes. A socket is looked at through a duplicate of the
+/// process's fd (`pidfd_getfd`, Linux 5.6+, needs CAP_SYS_PTRACE): a few syscalls whatever
+/// the host's connection count, where finding its inode in /proc/net/tcp walks the kernel's
+/// whole connection table (milliseconds per look-up on a busy host, the agent's main cost
+/// before). /proc/net is the fallback when the fd cannot be duplicated.
+#[derive(Default)]
+pub struct SocketLookup {
+    /// Listening ports per process, and when they were read.
+    listening: HashMap<u32, (Vec<u16>, Instant)>,
+}
+
+impl SocketLookup {
+    /// Classify fd `fd` of process `pid`; None when the fd or the process is gone. An eventfd
+    /// comes back unwatched: whether its process is an API server is the caller's question.
+    pub fn classify(&mut self, pid: u32, fd: u32) -> Option<FdKind> {
+        let target = fs::read_link(proc_path(pid, &format!("fd/{fd}"))).ok()?;
+        let target = target.to_string_lossy();
+        if target == EVENTFD_LINK {
+            return Some(FdKind::Eventfd { watched: false });
+        }
+        let Some(inode) = socket_inode(&target) else {
+            return Some(FdKind::Other {
+                what: target.into_owned(),
+            });
+        };
+        match inspect_duplicate(pid, fd) {
+            Ok(Inspected::Tcp {
+                local,
+                peer,
+                listening,
+            }) => Some(FdKind::Tcp {
+                local,
+                peer,
+                server_side: self.listening_ports(pid).contains(&local.port()),
+                listening,
+            }),
+            Ok(Inspected::Unix { path }) => Some(FdKind::Unix { path }),
+            Ok(Inspected::Other(what)) => Some(FdKind::Other { what }),
+            // The fd was closed (or reused) since the kernel reported it.
+            Err(e) if e.raw_os_error() == Some(libc::EBADF) => Some(FdKind::Vanished),
+            Err(_) => Some(classify_from_tables(pid, inode)),
+        }
     }
-    let Some(inode) = socket_inode(&target) else {
-        return Some(FdKind::Other {
-            what: target.into_owned(),
-        });
-    };
+
+    fn listening_ports(&mut self, pid: u32) -> &[u16] {
+        let now = Instant::now();
+        let entry = self
+            .listening
+            .entry(pid)
+            .or_insert_with(|| (listening_ports(pid), now));
+        if now.duration_since(entry.1) > LISTENING_TTL {
+            *entry = (listening_ports(pid), now);
+        }
+        &entry.0
+    }
+
+    /// The process exited: drop what is known of it.
+    pub fn forget(&mut self, pid: u32) {
+        self.listening.remove(&pid);
+    }
+}
+
+/// A socket as its duplicate shows it.
+#[derive(Debug, PartialEq, Eq)]
+enum Inspected {
+    Tcp {
+        local: SocketAddr,
+        peer: SocketAddr,
+        listening: bool,
+    },
+    Unix {
+        path: Option<String>,
+    },
+    Other(String),
+}
+
+/// Look at socket `fd` of process `pid` through a duplicate, closed on return. Reading its
+/// addresses and options has no effect on the socket.
+fn inspect_duplicate(pid: u32, fd: u32) -> io::Result<Inspected> {
+    let duplicate = duplicate_fd(pid, fd)?;
+    let socket = SockRef::from(&duplicate);
+    let domain = socket.domain()?;
+    let stream = socket.r#type()? == Type::STREAM;
+    if domain == Domain::UNIX && stream {
+        // The bound path: an accepted socket carries its listener's; a connecting one has
+        // none (its peer's is the listener's).
+        let path = socket
+            .local_addr()?
+            .as_pathname()
+            .map(|p| p.to_string_lossy().into_owned());
+        return Ok(Inspected::Unix { path });
+    }
+    if (domain == Domain::IPV4 || domain == Domain::IPV6) && stream {
+        let listening = socket.is_listener()?;
+        let local = socket.local_addr()?.as_socket();
+        // A listening or not yet connected socket has no peer.
+        let peer = match socket.peer_addr() {
+            Ok(peer) => peer.as_socket(),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                Some(SocketAddr::from(([0, 0, 0, 0], 0)))
+            }
+            Err(e) => return Err(e),
+        };
+        if let (Some(local), Some(peer)) = (local, peer) {
+            return Ok(Inspected::Tcp {
+                local,
+                peer,
+                listening,
+            });
+        }
+    }
+    Ok(Inspected::Other(format!(
+        "{domain:?} {:?} socket",
+        socket.r#type()?
+    )))
+}
+
+/// A duplicate of process `pid`'s fd `fd` in this process (`pidfd_getfd`).
+fn duplicate_fd(pid: u32, fd: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    let fd = libc::c_int::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: pidfd_open takes a pid and flags; it returns a new fd or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pidfd is a fresh fd owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as libc::c_int) };
+    // SAFETY: pidfd_getfd takes a pidfd, a target fd and flags; it returns a new fd or -1.
+    let duplicate = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if duplicate < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(duplicate as libc::c_int) })
+}
+
+/// The /proc/net way: find the socket's inode in the process's TCP and unix tables.
+fn classify_from_tables(pid: u32, inode: u64) -> FdKind {
     for table in ["net/tcp", "net/tcp6"] {
         if let Some(entry) = read_table(pid, table).iter().find(|e| e.inode == inode) {
             let listen_ports = listening_ports(pid);
-            return Some(FdKind::Tcp {
+            return FdKind::Tcp {
                 local: entry.local,
                 peer: entry.remote,
                 server_side: listen_ports.contains(&entry.local.port()),
                 listening: entry.state == TCP_LISTEN,
-            });
+            };
         }
     }
     let unix = fs::read_to_string(proc_path(pid, "net/unix")).unwrap_or_default();
     if let Some(path) = unix_stream_path(&unix, inode) {
-        return Some(FdKind::Unix { path });
+        return FdKind::Unix { path };
     }
     // Not (or no longer) in the TCP and unix tables: most often a connection torn down between
     // the kernel's report and this look-up, or a later connection on the same fd number. Its
     // bytes are decoded by their content rather than dropped.
-    Some(FdKind::Vanished)
+    FdKind::Vanished
 }
 
 /// Ports the process has a listening TCP socket on (its own fds only).
@@ -215,6 +352,69 @@ mod tests {
         assert_eq!(unix_stream_path(table, 778), Some(None));
         assert_eq!(unix_stream_path(table, 779), None);
         assert_eq!(unix_stream_path(table, 1), None);
+    }
+
+    #[test]
+    fn a_duplicate_shows_tcp_ends_listeners_and_unix_paths() {
+        use std::os::{fd::AsRawFd as _, unix::net::UnixListener};
+        let pid = std::process::id();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let fd = |f: &dyn std::os::fd::AsRawFd| f.as_raw_fd() as u32;
+        assert!(matches!(
+            inspect_duplicate(pid, fd(&listener)).unwrap(),
+            Inspected::Tcp { listening: true, local, .. } if local.port() == port
+        ));
+        assert_eq!(
+            inspect_duplicate(pid, fd(&accepted)).unwrap(),
+            Inspected::Tcp {
+                local: accepted.local_addr().unwrap(),
+                peer: client.local_addr().unwrap(),
+                listening: false,
+            }
+        );
+        let mut lookup = SocketLookup::default();
+        assert!(matches!(
+            lookup.classify(pid, fd(&accepted)),
+            Some(FdKind::Tcp {
+                server_side: true,
+                listening: false,
+                ..
+            })
+        ));
+        assert!(matches!(
+            lookup.classify(pid, fd(&client)),
+            Some(FdKind::Tcp {
+                server_side: false,
+                ..
+            })
+        ));
+        let dir = std::env::temp_dir().join(format!("infertrace-sock-{pid}"));
+        let _ = fs::remove_file(&dir);
+        let unix = UnixListener::bind(&dir).unwrap();
+        let connected = std::os::unix::net::UnixStream::connect(&dir).unwrap();
+        let (served, _) = unix.accept().unwrap();
+        let path = Some(dir.to_string_lossy().into_owned());
+        assert_eq!(
+            inspect_duplicate(pid, served.as_raw_fd() as u32).unwrap(),
+            Inspected::Unix { path }
+        );
+        assert_eq!(
+            inspect_duplicate(pid, connected.as_raw_fd() as u32).unwrap(),
+            Inspected::Unix { path: None }
+        );
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(matches!(
+            inspect_duplicate(pid, fd(&udp)).unwrap(),
+            Inspected::Other(_)
+        ));
+        assert_eq!(
+            inspect_duplicate(pid, 1 << 20).unwrap_err().raw_os_error(),
+            Some(libc::EBADF)
+        );
+        let _ = fs::remove_file(&dir);
     }
 
     #[test]
