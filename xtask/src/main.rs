@@ -8,9 +8,10 @@
 //! - `demo`: the main job, on the real vLLM.
 //! - `engine vllm|sglang start|stop|status`: the real vLLM or SGLang with a tiny model, by hand.
 //! - `bench-capture`: the capture benchmark of BENCHMARKS.md.
-//! - `bench-vllm`: the agent's overhead on the real vLLM (`vllm bench serve`), BENCHMARKS.md.
+//! - `bench-vllm`, `bench-sglang`: the agent's overhead on the real engines (their own serving
+//!   benchmarks), BENCHMARKS.md.
 mod bench;
-mod bench_vllm;
+mod bench_engine;
 mod demo;
 mod ebpf;
 mod engine;
@@ -23,7 +24,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::engine::Engine;
 
@@ -60,12 +61,14 @@ enum Task {
     BenchCapture,
     /// Overhead on the real vLLM: `vllm bench serve` with and without the agent (needs root).
     BenchVllm {
-        /// Alternating runs per configuration.
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-        /// Prompts per run (256: ~7 s runs on a 2-core VM; shorter ones are noise-dominated).
-        #[arg(long, default_value_t = 256)]
-        num_prompts: u32,
+        #[command(flatten)]
+        options: BenchArgs,
+    },
+    /// Overhead on the real SGLang: `sglang.bench_serving` with and without the agent (needs
+    /// root).
+    BenchSglang {
+        #[command(flatten)]
+        options: BenchArgs,
     },
     /// The process traced by bench-capture (internal).
     #[command(hide = true)]
@@ -76,6 +79,26 @@ enum Task {
         #[arg(long)]
         skip_fuzz: bool,
     },
+}
+
+/// How long an engine benchmark runs.
+#[derive(Args)]
+struct BenchArgs {
+    /// Alternating runs per configuration.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Prompts per run (256: ~7 s runs on a 2-core VM; shorter ones are noise-dominated).
+    #[arg(long, default_value_t = 256)]
+    num_prompts: u32,
+}
+
+impl BenchArgs {
+    fn options(&self) -> bench_engine::BenchOptions {
+        bench_engine::BenchOptions {
+            runs: self.runs,
+            num_prompts: self.num_prompts,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -124,9 +147,8 @@ fn main() -> anyhow::Result<()> {
         Task::CheckEbpf => ebpf::check(),
         Task::Test { skip_fuzz } => test::test(skip_fuzz),
         Task::BenchCapture => bench::bench_capture(),
-        Task::BenchVllm { runs, num_prompts } => {
-            bench_vllm::bench_vllm(&bench_vllm::BenchVllmOptions { runs, num_prompts })
-        }
+        Task::BenchVllm { options } => bench_engine::bench(Engine::Vllm, &options.options()),
+        Task::BenchSglang { options } => bench_engine::bench(Engine::Sglang, &options.options()),
         Task::BenchLoad { count, size } => bench::bench_load(count, size),
         Task::Demo { port, keep_engine } => demo::demo(&demo::DemoOptions { port, keep_engine }),
         Task::Engine { engine } => {
