@@ -87,6 +87,33 @@ pub struct ApiCall {
     pub error: Option<String>,
     /// Times (CLOCK_MONOTONIC ns) of the SSE events that carried generated content.
     pub content_event_ns: Vec<u64>,
+    /// The request declared tools (a non-empty `tools`).
+    pub has_tools: bool,
+    /// Tool calls in the response, by (choice index, call index): streamed ones put together
+    /// from their deltas.
+    pub tool_calls: BTreeMap<(u64, u64), ToolCall>,
+}
+
+/// One tool call of a response.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolCall {
+    pub name: String,
+    /// The arguments as the model wrote them (JSON text, concatenated from the stream).
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// Add what one (delta or whole) `tool_calls` entry says.
+    fn extend(&mut self, call: &Value) {
+        let function = call.get("function");
+        let text = |key: &str| function.and_then(|f| f.get(key)).and_then(Value::as_str);
+        if let Some(name) = text("name") {
+            self.name.push_str(name);
+        }
+        if let Some(arguments) = text("arguments") {
+            self.arguments.push_str(arguments);
+        }
+    }
 }
 
 impl ApiCall {
@@ -143,6 +170,10 @@ impl ApiCall {
             .or_else(|| body.get("max_tokens"))
             .and_then(Value::as_u64);
         self.stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        self.has_tools = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .is_some_and(|tools| !tools.is_empty());
         self.input_messages = ["messages", "prompt", "input", "query"]
             .iter()
             .find_map(|key| body.get(*key))
@@ -179,10 +210,16 @@ impl ApiCall {
             return;
         };
         let mut outputs = Vec::new();
-        for choice in choices {
+        for (position, choice) in choices.iter().enumerate() {
             if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
                 self.finish_reasons.push(reason.to_owned());
             }
+            let index = choice
+                .get("index")
+                .and_then(Value::as_u64)
+                .unwrap_or(position as u64);
+            let calls = choice.get("message").and_then(|m| m.get("tool_calls"));
+            self.read_tool_calls(index, calls);
             if let Some(message) = choice.get("message") {
                 outputs.push(message.clone());
             } else if let Some(text) = choice.get("text") {
@@ -219,18 +256,38 @@ impl ApiCall {
             if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
                 self.finish_reasons.push(reason.to_owned());
             }
-            let text = choice
-                .get("delta")
+            let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let delta = choice.get("delta");
+            self.read_tool_calls(index, delta.and_then(|d| d.get("tool_calls")));
+            let text = delta
                 .and_then(|d| d.get("content"))
                 .or_else(|| choice.get("text"))
                 .and_then(Value::as_str);
             if let Some(text) = text.filter(|t| !t.is_empty()) {
                 content = true;
-                let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
                 texts.entry(index).or_default().push_str(text);
             }
         }
         content
+    }
+
+    /// A choice's `tool_calls` (whole, or a stream's deltas: each names its call by `index`).
+    fn read_tool_calls(&mut self, choice: u64, calls: Option<&Value>) {
+        for (position, call) in calls
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let index = call
+                .get("index")
+                .and_then(Value::as_u64)
+                .unwrap_or(position as u64);
+            self.tool_calls
+                .entry((choice, index))
+                .or_default()
+                .extend(call);
+        }
     }
 }
 
@@ -348,6 +405,69 @@ mod tests {
             call.output_messages.as_deref(),
             Some(r#"[{"content":"hello","role":"assistant"}]"#)
         );
+    }
+
+    #[test]
+    fn tool_calls_whole_and_streamed() {
+        let body =
+            r#"{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f"}}]}"#;
+        let e = exchange(
+            "/v1/chat/completions",
+            body,
+            200,
+            r#"{"id":"c","choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant",
+                "tool_calls":[{"id":"t1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
+                              {"id":"t2","type":"function","function":{"name":"now","arguments":"{}"}}]}}]}"#,
+        );
+        let call = ApiCall::from_exchange(&e).unwrap();
+        assert!(call.has_tools);
+        let named: Vec<(u64, u64, &str, &str)> = call
+            .tool_calls
+            .iter()
+            .map(|((i, j), t)| (*i, *j, t.name.as_str(), t.arguments.as_str()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                (0, 0, "get_weather", r#"{"city":"Paris"}"#),
+                (0, 1, "now", "{}")
+            ]
+        );
+
+        let mut e = exchange(
+            "/v1/chat/completions",
+            r#"{"stream":true,"messages":[]}"#,
+            200,
+            "",
+        );
+        let resp = e.response.as_mut().unwrap();
+        resp.headers = vec![("content-type".into(), b"text/event-stream".to_vec())];
+        let chunks = [
+            r#"{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"t1","type":"function","function":{"name":"get_weather","arguments":""}}]}}]}"#,
+            r#"{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]}"#,
+            r#"{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]}}]}"#,
+            r#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ];
+        resp.sse_events = chunks
+            .iter()
+            .map(|data| SseEvent {
+                ts_ns: 1,
+                event: None,
+                data: (*data).into(),
+                id: None,
+            })
+            .collect();
+        let call = ApiCall::from_exchange(&e).unwrap();
+        assert!(!call.has_tools);
+        assert_eq!(
+            call.tool_calls.get(&(0, 0)),
+            Some(&ToolCall {
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Paris"}"#.into()
+            })
+        );
+        assert_eq!(call.tool_calls.len(), 1);
+        assert!(call.content_event_ns.is_empty());
     }
 
     #[test]

@@ -30,11 +30,14 @@
 //! Request-span latencies are float seconds (the spec's unit for SGLang). The scheduler's
 //! ranks come from its process title. Each stage links to the one before it, as SGLang's do;
 //! span events are not produced yet.
+use std::sync::LazyLock;
+
 use super::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
     span::{AttrValue, Attributes, IdGenerator, Span},
 };
+use crate::decode::openai::{ApiCall, Operation};
 use crate::engines::{
     join::{ApiExchange, EngineSide},
     sglang::{Ranks, SglangTimeline, SglangTrace},
@@ -128,6 +131,48 @@ fn sglang_entry_attributes(
                 .find_map(|e| e.stream_interval)
                 .map(|interval| increments * interval),
         );
+        if api.call.operation == Some(Operation::Chat) {
+            tool_call_attributes(a, &api.call);
+        }
+    }
+}
+
+/// Tool calls listed per choice and call on an entry span; more are counted, not listed.
+const LISTED_CHOICES: u64 = 8;
+const LISTED_CALLS: u64 = 16;
+
+/// `gen_ai.completions.{i}.tool_calls.{j}.name` and `.arguments` for the listed (i, j).
+static TOOL_CALL_KEYS: LazyLock<Vec<[String; 2]>> = LazyLock::new(|| {
+    (0..LISTED_CHOICES)
+        .flat_map(|i| {
+            (0..LISTED_CALLS).map(move |j| {
+                [
+                    format!("gen_ai.completions.{i}.tool_calls.{j}.name"),
+                    format!("gen_ai.completions.{i}.tool_calls.{j}.arguments"),
+                ]
+            })
+        })
+        .collect()
+});
+
+/// The spec's tool-calling attributes of a streamed chat call.
+fn tool_call_attributes(a: &mut Attributes, call: &ApiCall) {
+    a.push(("gen_ai.request.has_tool_calls", call.has_tools.into()));
+    a.push((
+        "gen_ai.request.tool_call_detected",
+        (!call.tool_calls.is_empty()).into(),
+    ));
+    a.push((
+        "gen_ai.request.tool_calls_count",
+        (call.tool_calls.len() as u64).into(),
+    ));
+    for (&(i, j), tool) in &call.tool_calls {
+        if i >= LISTED_CHOICES || j >= LISTED_CALLS {
+            continue;
+        }
+        let [name, arguments] = &TOOL_CALL_KEYS[(i * LISTED_CALLS + j) as usize];
+        a.push((name.as_str(), tool.name.as_str().into()));
+        a.push((arguments.as_str(), tool.arguments.as_str().into()));
     }
 }
 
@@ -476,4 +521,48 @@ fn thread_attributes(label: &str, host: Option<&str>, pid: u32) -> Attributes {
     a.push(("pid", i64::from(pid).into()));
     a.push(("thread_label", label.into()));
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::openai::ToolCall;
+
+    #[test]
+    fn tool_calls_are_counted_and_listed_by_choice_and_call() {
+        let mut call = ApiCall {
+            has_tools: true,
+            ..ApiCall::default()
+        };
+        let tool = |name: &str| ToolCall {
+            name: name.into(),
+            arguments: "{}".into(),
+        };
+        call.tool_calls.insert((0, 0), tool("a"));
+        call.tool_calls.insert((1, 2), tool("b"));
+        call.tool_calls.insert((LISTED_CHOICES, 0), tool("c"));
+        let mut a = Attributes::new();
+        tool_call_attributes(&mut a, &call);
+        let get = |key: &str| a.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone());
+        assert_eq!(get("gen_ai.request.has_tool_calls"), Some(true.into()));
+        assert_eq!(get("gen_ai.request.tool_call_detected"), Some(true.into()));
+        assert_eq!(get("gen_ai.request.tool_calls_count"), Some(3u64.into()));
+        assert_eq!(
+            get("gen_ai.completions.0.tool_calls.0.name"),
+            Some("a".into())
+        );
+        assert_eq!(
+            get("gen_ai.completions.1.tool_calls.2.name"),
+            Some("b".into())
+        );
+        assert_eq!(
+            get("gen_ai.completions.1.tool_calls.2.arguments"),
+            Some("{}".into())
+        );
+        // The ninth choice's call is counted, not listed.
+        assert_eq!(a.len(), 3 + 2 * 2);
+        let mut none = Attributes::new();
+        tool_call_attributes(&mut none, &ApiCall::default());
+        assert_eq!(none.len(), 3);
+    }
 }
