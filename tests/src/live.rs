@@ -6,6 +6,7 @@ use std::{
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -113,7 +114,13 @@ pub fn post(port: u16, path: &str, body: &str) -> String {
 pub struct Cleanup {
     pub children: Vec<Child>,
     engine: Option<(EngineKind, u16)>,
+    /// Held while this test owns an engine: the tests of one binary share its fixed port and
+    /// the machine's cores, so they take turns even under cargo's default parallel threads.
+    /// Released after `drop` has stopped the engine (fields drop after the body).
+    turn: Option<MutexGuard<'static, ()>>,
 }
+
+static ENGINE_TURN: Mutex<()> = Mutex::new(());
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
@@ -137,6 +144,10 @@ impl Cleanup {
         args: &[&str],
         envs: &[(&str, &str)],
     ) -> String {
+        if self.turn.is_none() {
+            // A test that panicked while holding the turn poisons it; the next one still runs.
+            self.turn = Some(ENGINE_TURN.lock().unwrap_or_else(|e| e.into_inner()));
+        }
         let port_arg = port.to_string();
         let stopped = kind.xtask(&["stop", "--port", &port_arg], &[]);
         assert!(stopped.is_ok_and(|s| s.success()), "stopping {kind:?}");

@@ -6,8 +6,9 @@
 //! native /generate requests of native_workload.py), a `/health` probe goes in the middle, and
 //! infertrace's spans are compared with SGLang's own (tests/src/sglang_truth.rs): every request
 //! span, nothing invented (health checks left out), tokens and finish reasons equal, latencies
-//! within 1 ms at p50, the scheduler's own stage edges to float precision; and the agent's
-//! request counters equal SGLang's `/metrics` over the run.
+//! within 1 ms at p50 and 5 ms at p99 (plus SGLang's own dispatch lag where its spans
+//! show one, see `sglang_truth::LATE_DISPATCH_S`), the scheduler's own stage edges to float precision; and the agent's request
+//! counters equal SGLang's `/metrics` over the run.
 //!
 //! Needs root (eBPF) and the network to PyPI the first time. `SGLANG_HOME` picks the install.
 use std::{path::Path, process::Command, time::Duration};

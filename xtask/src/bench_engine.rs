@@ -215,8 +215,11 @@ impl Bench {
                 self.engine.title()
             );
         }
-        // vLLM writes one JSON object, SGLang appends a JSON line per run.
-        let text = std::fs::read_to_string(&file)?;
+        // vLLM writes one JSON object, SGLang appends a JSON line per run, with Python's
+        // non-JSON `Infinity` for an unlimited request rate.
+        let text = std::fs::read_to_string(&file)?
+            .replace(": Infinity", ": null")
+            .replace(": NaN", ": null");
         let last = text
             .lines()
             .rev()

@@ -180,7 +180,9 @@ impl LiveCapture {
 /// scheduler are watched (libzmq's mailboxes: when a message was taken or handed over); vLLM's requests are rebuilt from the API
 /// server's side alone, so the sockets of its other processes (the EngineCore's copies of the
 /// same messages, the workers' wake-ups) are not copied at all: decoding them only to drop
-/// them was half the agent's CPU. SGLang's processes and unknown ones are decoded whole.
+/// them was half the agent's CPU. SGLang's requests are rebuilt from its main process's and
+/// scheduler's sides, so its detokenizer's sockets (the middle copies of every output) are
+/// not copied either. Unknown processes are decoded whole.
 fn decoded_kind(kind: FdKind, process: Option<&(Engine, Role)>) -> FdKind {
     let api_server = process.is_some_and(|(_, role)| *role == Role::ApiServer);
     // SGLang's scheduler polls its socket between forward passes: its mailbox reads time
@@ -192,6 +194,10 @@ fn decoded_kind(kind: FdKind, process: Option<&(Engine, Role)>) -> FdKind {
         },
         (kind, Some((Engine::Vllm, role))) if kind.capture() && !api_server => FdKind::Other {
             what: format!("socket of vLLM's {role} (only the API server's side is decoded)"),
+        },
+        (kind, Some((Engine::Sglang, Role::Detokenizer))) if kind.capture() => FdKind::Other {
+            what: "socket of SGLang's detokenizer (main's and the scheduler's sides are decoded)"
+                .to_string(),
         },
         (kind, _) => kind,
     }
@@ -241,7 +247,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_vllm_api_servers_side_is_decoded_and_only_its_eventfds_watched() {
+    fn only_the_sides_the_trackers_use_are_decoded_and_only_their_eventfds_watched() {
         let unix = || FdKind::Unix { path: None };
         let eventfd = || FdKind::Eventfd { watched: false };
         let api = (Engine::Vllm, Role::ApiServer);
@@ -252,11 +258,12 @@ mod tests {
         let skipped = decoded_kind(unix(), Some(&core));
         assert!(!skipped.capture(), "{skipped:?}");
         assert!(!decoded_kind(eventfd(), Some(&core)).capture());
-        // SGLang's processes and processes of no known engine: every socket.
+        // SGLang's main process and scheduler, and processes of no known engine: every socket.
         assert_eq!(decoded_kind(unix(), Some(&scheduler)), unix());
         assert!(decoded_kind(eventfd(), Some(&scheduler)).capture());
         let detokenizer = (Engine::Sglang, Role::Detokenizer);
         assert!(!decoded_kind(eventfd(), Some(&detokenizer)).capture());
+        assert!(!decoded_kind(unix(), Some(&detokenizer)).capture());
         assert_eq!(decoded_kind(unix(), None), unix());
         assert!(!decoded_kind(eventfd(), None).capture());
     }

@@ -12,6 +12,8 @@
 //!
 //! Both are turned into the same field dict ([`PyValue`]), and the typed messages are read
 //! from it by name.
+use std::hash::{DefaultHasher, Hash, Hasher};
+
 use rmpv::Value;
 
 use super::pickle::{self, PickleError, PyValue};
@@ -70,6 +72,8 @@ pub struct SglangSampling {
 pub struct SglangRequest {
     pub rid: String,
     pub prompt_tokens: Option<u64>,
+    /// A hash of the prompt's token ids: tells which requests share one prompt.
+    pub prompt_key: Option<u64>,
     pub stream: bool,
     pub sampling: SglangSampling,
     /// PD disaggregation's correlation id.
@@ -535,10 +539,13 @@ fn count(v: &PyValue) -> Option<u64> {
 fn request(f: &PyValue, table: &FieldTable) -> Result<SglangRequest, SglangError> {
     const CLASS: &str = "TokenizedGenerateReqInput";
     let rid = str_field(f, "rid").ok_or(SglangError::Field(CLASS, "rid"))?;
-    let prompt_tokens = f
-        .get("input_ids")
-        .and_then(PyValue::int_array)
-        .map(|ids| ids.len() as u64);
+    let input_ids = f.get("input_ids").and_then(PyValue::int_array);
+    let prompt_tokens = input_ids.as_ref().map(|ids| ids.len() as u64);
+    let prompt_key = input_ids.map(|ids| {
+        let mut h = DefaultHasher::new();
+        ids.hash(&mut h);
+        h.finish()
+    });
     let sampling = f
         .get("sampling_params")
         .map(|s| sampling(s, table))
@@ -546,6 +553,7 @@ fn request(f: &PyValue, table: &FieldTable) -> Result<SglangRequest, SglangError
     Ok(SglangRequest {
         rid,
         prompt_tokens,
+        prompt_key,
         stream: f.get("stream").and_then(PyValue::as_i64) == Some(1),
         sampling,
         bootstrap_room: f.get("bootstrap_room").and_then(count),

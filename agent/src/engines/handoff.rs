@@ -33,13 +33,18 @@
 //! write to the socket (the syscall captured) comes after. The application's instant (SGLang's
 //! "dispatched", the scheduler's end of a step) is that mailbox write: the eventfd most often
 //! written just before sends, learned by votes like the receive side's. Each write hands over
-//! one message; a message sent with no write before it keeps its send time (counted).
+//! one message, however long the I/O thread then waited for a CPU; a message sent with no
+//! write before it keeps its send time (counted).
 use std::collections::{HashMap, VecDeque};
 
 use crate::decode::flows::{LoopWait, Wakeup};
 
 /// A write this long after a message is not that message's signal.
 const SIGNAL_WINDOW_NS: u64 = 1_000_000;
+/// Once the I/O thread's mailbox is known, how long after the application's write to it the
+/// I/O thread may still be sending the message that write handed over: the thread can be kept
+/// off the CPU (4.7 ms seen on 2 cores with SGLang's scheduler spinning on one of them).
+const SEND_WAKE_WINDOW_NS: u64 = 20_000_000;
 /// Votes an eventfd needs before it is taken for the output socket's mailbox. Outputs before
 /// that keep their arrival (counted): a wrong mailbox would misplace instants, uncounted.
 const VOTES_NEEDED: u32 = 3;
@@ -125,11 +130,20 @@ impl Handoffs {
     /// instant will be asked for ([`Handoffs::taken_at`] answers for it too).
     pub fn sent(&mut self, tgid: u32, ns: u64, keep: bool) {
         let process = self.processes.entry(tgid).or_default();
+        let send_mailbox = process.send_mailbox;
         let latest = process
             .recent_writes
             .iter()
             .rposition(|&(_, w)| w <= ns)
-            .filter(|&i| ns - process.recent_writes[i].1 <= SIGNAL_WINDOW_NS);
+            .filter(|&i| {
+                let (fd, w) = process.recent_writes[i];
+                let window = if send_mailbox == Some(fd) {
+                    SEND_WAKE_WINDOW_NS
+                } else {
+                    SIGNAL_WINDOW_NS
+                };
+                ns - w <= window
+            });
         let Some(i) = latest else {
             self.stats.at_send += u64::from(keep);
             return;
@@ -140,8 +154,11 @@ impl Handoffs {
             self.stats.at_send += u64::from(keep);
             return;
         }
-        // One write wakes the I/O thread once: later messages it sent were queued later.
-        process.recent_writes.remove(i);
+        // One write wakes the I/O thread once: later messages it sent were queued later. An
+        // older write to the same mailbox is stale: the thread has been awake since.
+        process
+            .recent_writes
+            .retain(|&(other_fd, other_w)| other_fd != fd || other_w > w);
         if keep {
             self.stats.handed_over += 1;
             self.remember(ns, w);
@@ -432,12 +449,20 @@ mod tests {
         h.sent(PID, 40 * MS + 60 * US, true);
         assert_eq!(h.taken_at(40 * MS + 30 * US), 40 * MS);
         assert_eq!(h.taken_at(40 * MS + 60 * US), 40 * MS + 60 * US);
+        // An I/O thread kept off the CPU for a while still sends what that write handed over,
+        // and the write before it, never consumed, is stale from then on.
+        h.wakeup(&app_signal(42 * MS));
+        h.wakeup(&app_signal(44 * MS));
+        h.sent(PID, 49 * MS, true);
+        assert_eq!(h.taken_at(49 * MS), 44 * MS);
+        h.sent(PID, 49 * MS + 10 * US, true);
+        assert_eq!(h.taken_at(49 * MS + 10 * US), 49 * MS + 10 * US);
         // A write long before, or another eventfd's, hands nothing over.
         h.wakeup(&app_signal(50 * MS));
-        h.sent(PID, 50 * MS + 2 * SIGNAL_WINDOW_NS, true);
+        h.sent(PID, 50 * MS + 2 * SEND_WAKE_WINDOW_NS, true);
         h.wakeup(&wakeup(OTHER, 60 * MS, true));
         h.sent(PID, 60 * MS + 10 * US, true);
         assert_eq!(h.taken_at(60 * MS + 10 * US), 60 * MS + 10 * US);
-        assert_eq!((h.stats.handed_over, h.stats.at_send), (2, 5));
+        assert_eq!((h.stats.handed_over, h.stats.at_send), (3, 6));
     }
 }

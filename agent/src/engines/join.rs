@@ -16,6 +16,10 @@ use crate::decode::{http::HttpExchange, openai::ApiCall};
 
 /// How long (capture time) each side waits for the other.
 pub const GRACE_NS: u64 = 1_000_000_000;
+/// How long a call the client abandoned (no response) waits for its engine request: the
+/// frontend may notice the client gone only seconds later and end the request then (SGLang
+/// polls for a disconnected client every `SGLANG_REQUEST_STATE_WAIT_TIMEOUT`, 4 s).
+pub const ABANDONED_GRACE_NS: u64 = 6_000_000_000;
 /// Calls or requests waiting at once; beyond it the oldest is reported unjoined.
 const MAX_WAITING: usize = 65_536;
 
@@ -27,6 +31,20 @@ pub trait EngineRequestInfo {
     fn sent_ns(&self) -> u64;
     /// Capture time the frontend learnt that it finished.
     fn done_ns(&self) -> u64;
+    /// A key of the request's prompt (its token ids), where the engine has prefix warm-ups.
+    fn prompt_key(&self) -> Option<u64> {
+        None
+    }
+    /// Whether the frontend sent this request only to warm the prefix cache for the n>1
+    /// children of its call (SGLang: the prompt alone, no tokens to generate, an id of its own).
+    fn is_prefix_warmup(&self) -> bool {
+        false
+    }
+    /// The samples its call asked for (n), where the engine gives each its own unrelated id
+    /// and the API answers with the first one's (SGLang). 1 where ids tell them apart.
+    fn unrelated_samples(&self) -> u64 {
+        1
+    }
 }
 
 /// What the engine requests of one API call add to its entry span.
@@ -147,13 +165,20 @@ impl<T: EngineRequestInfo> Joiner<T> {
     /// Join and report what has waited long enough at capture time `now_ns`.
     pub fn advance(&mut self, now_ns: u64) -> Vec<Outcome<T>> {
         let mut done = Vec::new();
-        while self
-            .apis
-            .front()
-            .is_some_and(|(_, since)| since.saturating_add(GRACE_NS) <= now_ns)
-            || self.apis.len() > MAX_WAITING
-        {
-            let (api, _) = self.apis.pop_front().expect("checked non-empty");
+        // In arrival order, so that calls without a response claim requests in send order.
+        let mut i = 0;
+        while i < self.apis.len() {
+            let (api, since) = &self.apis[i];
+            let grace = if api.call.response_id.is_none() && api.call.status.is_none() {
+                ABANDONED_GRACE_NS
+            } else {
+                GRACE_NS
+            };
+            if since.saturating_add(grace) > now_ns && self.apis.len() <= MAX_WAITING {
+                i += 1;
+                continue;
+            }
+            let (api, _) = self.apis.remove(i).expect("index in range");
             let engine = self.claim(&api);
             done.push(Outcome {
                 api: Some(api),
@@ -196,7 +221,9 @@ impl<T: EngineRequestInfo> Joiner<T> {
                 .drain(..)
                 .partition(|e| ids_match(id, e.api_id()));
             self.engines = rest;
-            return mine.into();
+            let mut mine: Vec<T> = mine.into();
+            self.claim_relatives(api, &mut mine);
+            return mine;
         }
         // No response id: an error answered before the engine was asked, or a client that went
         // away; the latter's request is the first one sent after its body arrived.
@@ -216,6 +243,54 @@ impl<T: EngineRequestInfo> Joiner<T> {
         at.and_then(|i| self.engines.remove(i))
             .into_iter()
             .collect()
+    }
+
+    /// The requests of a call that its response does not name (SGLang, n>1): for each prompt
+    /// of the requests joined by id (`mine`), its other samples, the unclaimed requests of the
+    /// same prompt sent after the call's body nearest to the first of `mine` (the frontend
+    /// sends them back to back), and its prefix warm-up, the last one of the same prompt sent
+    /// between the call's body and the first of `mine`. Appended: the named request stays first.
+    fn claim_relatives(&mut self, api: &ApiExchange, mine: &mut Vec<T>) {
+        let Some(first_sent) = mine.iter().map(|e| e.sent_ns()).min() else {
+            return;
+        };
+        let mut prompts: Vec<u64> = mine.iter().filter_map(|e| e.prompt_key()).collect();
+        prompts.sort_unstable();
+        prompts.dedup();
+        let after_body = |e: &T| e.sent_ns() >= api.request_last_ns;
+        for prompt in prompts {
+            let of_prompt = |e: &T| e.prompt_key() == Some(prompt);
+            let samples = mine
+                .iter()
+                .filter(|e| of_prompt(e) && !e.is_prefix_warmup());
+            let wanted = samples.clone().map(|e| e.unrelated_samples()).max();
+            let missing = wanted.unwrap_or(0).saturating_sub(samples.count() as u64);
+            for _ in 0..missing {
+                let nearest = self
+                    .engines
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| of_prompt(e) && !e.is_prefix_warmup() && after_body(e))
+                    .min_by_key(|(_, e)| e.sent_ns().abs_diff(first_sent))
+                    .map(|(i, _)| i);
+                let Some(i) = nearest else {
+                    break;
+                };
+                mine.extend(self.engines.remove(i));
+            }
+            let warmup = self
+                .engines
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| {
+                    e.is_prefix_warmup()
+                        && of_prompt(e)
+                        && (api.request_last_ns..=first_sent).contains(&e.sent_ns())
+                })
+                .max_by_key(|(_, e)| e.sent_ns())
+                .map(|(i, _)| i);
+            mine.extend(warmup.and_then(|i| self.engines.remove(i)));
+        }
     }
 }
 
@@ -297,5 +372,78 @@ mod tests {
         assert_eq!(done[0].engine, vec![E("cmpl-late", 15, 60)]);
         assert!(done[1].engine.is_empty());
         assert_eq!(done[2].engine, vec![E("cmpl-early", 5, 50)]);
+    }
+
+    #[test]
+    fn an_abandoned_call_waits_for_the_frontend_to_notice() {
+        const S: u64 = 1_000_000_000;
+        let mut j = Joiner::default();
+        // The client leaves at 2 s; the frontend aborts the request at its 4 s poll, at 6 s.
+        j.add_api(api(None, None, S, 0), 2 * S);
+        j.add_api(api(Some("cmpl-2"), Some(200), S + 1, 3 * S), 3 * S);
+        j.add_engine(E("cmpl-2", S + 2, 3 * S));
+        let done = j.advance(4 * S);
+        assert_eq!(done.len(), 1, "the answered call goes first");
+        assert_eq!(done[0].engine, vec![E("cmpl-2", S + 2, 3 * S)]);
+        j.add_engine(E("cmpl-abandoned", S + 5, 6 * S));
+        assert!(j.advance(7 * S).is_empty());
+        let done = j.advance(8 * S);
+        assert_eq!(done[0].engine, vec![E("cmpl-abandoned", S + 5, 6 * S)]);
+    }
+
+    /// An SGLang-like request: fresh ids per sample, a prompt, the call's n, a warm-up flag.
+    #[derive(Debug, PartialEq)]
+    struct Sample {
+        id: &'static str,
+        sent: u64,
+        prompt: u64,
+        n: u64,
+        warmup: bool,
+    }
+    impl EngineRequestInfo for Sample {
+        fn api_id(&self) -> &str {
+            self.id
+        }
+        fn sent_ns(&self) -> u64 {
+            self.sent
+        }
+        fn done_ns(&self) -> u64 {
+            self.sent + 100
+        }
+        fn prompt_key(&self) -> Option<u64> {
+            Some(self.prompt)
+        }
+        fn is_prefix_warmup(&self) -> bool {
+            self.warmup
+        }
+        fn unrelated_samples(&self) -> u64 {
+            self.n
+        }
+    }
+
+    #[test]
+    fn an_n_call_takes_its_other_samples_and_its_prefix_warmup() {
+        let request = |id, sent, prompt, warmup| Sample {
+            id,
+            sent,
+            prompt,
+            n: 2,
+            warmup,
+        };
+        let mut j = Joiner::default();
+        // A warm-up of the same prompt from before this call's body belongs to another call.
+        j.add_engine(request("old-warmup", 5, 1, true));
+        j.add_engine(request("warmup-a", 20, 1, true));
+        j.add_engine(request("warmup-b", 21, 2, true));
+        j.add_engine(request("a1", 40, 1, false));
+        j.add_engine(request("a2", 41, 1, false));
+        j.add_engine(request("b1", 42, 2, false));
+        j.add_engine(request("b2", 43, 2, false));
+        j.add_api(api(Some("a1"), Some(200), 10, 200), 0);
+        let done = j.advance(200 + GRACE_NS);
+        let ids: Vec<&str> = done[0].engine.iter().map(|e| e.id).collect();
+        assert_eq!(ids, ["a1", "a2", "warmup-a"]);
+        let left: Vec<&str> = j.finish().iter().map(|o| o.engine[0].id).collect();
+        assert_eq!(left, ["old-warmup", "warmup-b", "b1", "b2"]);
     }
 }

@@ -98,7 +98,10 @@ pub fn server_stream_interval(cmdline: &[String]) -> Option<u64> {
 pub struct SglangTimeline {
     pub rid: String,
     pub prompt_tokens: Option<u64>,
+    /// Which requests share one prompt (`SglangRequest::prompt_key`).
+    pub prompt_key: Option<u64>,
     pub sampling: SglangSampling,
+    /// The request's own flag; an n>1 prefix warm-up is never streamed, whatever its call.
     pub stream: bool,
     /// Tokens per streamed output: the request's own interval, else its server's.
     pub stream_interval: Option<u64>,
@@ -143,6 +146,7 @@ impl SglangTimeline {
         Self {
             rid: request.rid.clone(),
             prompt_tokens: request.prompt_tokens,
+            prompt_key: request.prompt_key,
             sampling: request.sampling.clone(),
             stream: request.stream,
             bootstrap_room: request.bootstrap_room,
@@ -193,6 +197,22 @@ impl EngineRequestInfo for SglangTimeline {
 
     fn done_ns(&self) -> u64 {
         self.finished_ns.unwrap_or(self.sent_ns)
+    }
+
+    fn prompt_key(&self) -> Option<u64> {
+        self.prompt_key
+    }
+
+    /// tokenizer_manager.py, n>1: the prompt sent alone first, `max_new_tokens` 0, not
+    /// streamed, under a regenerated rid.
+    fn is_prefix_warmup(&self) -> bool {
+        self.sampling.max_new_tokens == Some(0) && !self.stream
+    }
+
+    /// Each sample of an n>1 call has a fresh rid and carries the call's n; the response is
+    /// named after the first.
+    fn unrelated_samples(&self) -> u64 {
+        self.sampling.n.unwrap_or(1)
     }
 }
 

@@ -195,11 +195,13 @@ pub fn instants(t: &SglangTimeline, api: Option<&ApiExchange>, clock: &Clock) ->
     let first_output = t.first_output_ns.map(|n| clock.unix_ns(n));
     // SGLang takes a non-streamed request's first token from the scheduler when that instant
     // lies between the request's creation and its first output (tokenizer_manager.py,
-    // `_get_scheduler_first_token_time`).
+    // `_get_scheduler_first_token_time`). "Streamed" is the call's flag: an n>1 prefix
+    // warm-up goes to the scheduler unstreamed but is judged by its streamed call.
+    let streamed = t.stream || api.is_some_and(|a| a.call.stream);
     let prefill_end = t
         .times
         .and_then(|s| s.prefill_finished)
-        .filter(|_| !t.stream)
+        .filter(|_| !streamed)
         .map(|s| clock.unix_ns_of_mono_secs(s))
         .filter(|&ts| created < ts && first_output.is_some_and(|f| ts <= f));
     Instants {
