@@ -524,7 +524,7 @@ mod tests {
         vllm::SCHEMAS,
         zmtp::ZmtpMessage,
     };
-    use crate::engines::join::GRACE_NS;
+    use crate::engines::join::{ABANDONED_GRACE_NS, GRACE_NS};
 
     const MS: u64 = 1_000_000;
     /// Capture time (CLOCK_MONOTONIC ns) around which the tests happen: 1000 s.
@@ -1223,8 +1223,9 @@ mod tests {
         assert_eq!(reports[1].generation_tokens, 1, "A's tokens after ABORT");
         assert!(reports[1].iteration);
 
-        assert!(advance(&mut t, T0 + 80 * MS + GRACE_NS - 1).is_empty());
-        let done = advance(&mut t, T0 + 80 * MS + GRACE_NS);
+        // A call the client abandoned waits longer for its request.
+        assert!(advance(&mut t, T0 + 80 * MS + ABANDONED_GRACE_NS - 1).is_empty());
+        let done = advance(&mut t, T0 + 80 * MS + ABANDONED_GRACE_NS);
         assert_eq!(done.len(), 1);
         let api = done[0].api.as_ref().expect("the abandoned call");
         assert_eq!(api.call.status, None);

@@ -327,10 +327,10 @@ fn request_spans(
     let host = options.host_id.as_deref();
     let tokenizer = b.thread(
         thread_name("Tokenizer", host, t.frontend_pid),
-        at.created,
-        at.dispatched,
+        (at.created, at.dispatched),
         request_id,
         thread_attributes("Tokenizer", host, t.frontend_pid),
+        None,
     );
     b.stage(
         "tokenize",
@@ -352,12 +352,16 @@ fn request_spans(
         attributes.push(("pp_rank", i64::from(r.pp).into()));
         push_opt(&mut attributes, "dp_rank", r.dp.map(i64::from));
     }
+    let error = ended_by_scheduler(t);
+    if let Some(reason) = &error {
+        attributes.push(("reason", reason.clone().into()));
+    }
     let scheduler = b.thread(
         thread_name(&scheduler_label(ranks), host, pid),
-        recv,
-        completion.unwrap_or(recv),
+        (recv, completion.unwrap_or(recv)),
         request_id,
         attributes,
+        error,
     );
     let times = t.times.unwrap_or_default();
     let stages = [
@@ -464,15 +468,20 @@ impl Children<'_> {
         id
     }
 
+    /// A thread span; `error`: its ERROR status message.
     fn thread(
         &mut self,
         name: String,
-        start: u64,
-        end: u64,
+        (start, end): (u64, u64),
         parent: [u8; 8],
         attributes: Attributes,
+        error: Option<String>,
     ) -> [u8; 8] {
-        self.push(name, (start, end), parent, attributes, None)
+        let id = self.push(name, (start, end), parent, attributes, None);
+        if let Some(span) = self.out.last_mut() {
+            span.error = error;
+        }
+        id
     }
 
     /// A stage span, unless its level is above the trace level. Decode loops (children of
@@ -496,6 +505,16 @@ impl Children<'_> {
         self.previous_stage = Some(id);
         Some(id)
     }
+}
+
+/// Why the scheduler itself ended the request, when it did: SGLang marks the scheduler's
+/// thread span ERROR with that reason (`trace_ctx.abort` in scheduler.py: a full queue, a
+/// request it rejects, a time limit), but not for a request the frontend asked it to abort
+/// (the client went away).
+fn ended_by_scheduler(t: &SglangTimeline) -> Option<String> {
+    let finish = t.finish.as_ref()?;
+    (finish.kind == "abort" && !t.aborted_by_frontend)
+        .then(|| finish.message.clone().unwrap_or_else(|| "Aborted".into()))
 }
 
 /// SGLang's label of a scheduler thread: `Scheduler [TP t]  [PP p] ` (and ` [DP d] `), each
@@ -566,5 +585,31 @@ mod tests {
         let mut none = Attributes::new();
         tool_call_attributes(&mut none, &ApiCall::default());
         assert_eq!(none.len(), 3);
+    }
+
+    #[test]
+    fn only_a_request_the_scheduler_ended_itself_is_an_error() {
+        use crate::decode::sglang::SglangFinish;
+        let finish = |kind: &str, message: Option<&str>| SglangFinish {
+            kind: kind.into(),
+            message: message.map(str::to_owned),
+            status_code: Some(503),
+        };
+        let mut t = SglangTimeline {
+            finish: Some(finish("abort", Some("The request queue is full."))),
+            ..SglangTimeline::default()
+        };
+        assert_eq!(
+            ended_by_scheduler(&t).as_deref(),
+            Some("The request queue is full.")
+        );
+        t.finish = Some(finish("abort", None));
+        assert_eq!(ended_by_scheduler(&t).as_deref(), Some("Aborted"));
+        // The client went away and the frontend asked for the abort: no error, as SGLang.
+        t.aborted_by_frontend = true;
+        assert_eq!(ended_by_scheduler(&t), None);
+        t.aborted_by_frontend = false;
+        t.finish = Some(finish("length", None));
+        assert_eq!(ended_by_scheduler(&t), None);
     }
 }

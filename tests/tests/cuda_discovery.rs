@@ -1,0 +1,92 @@
+//! CUDA driver discovery on a real ELF object loaded by a real process, without a GPU: the
+//! driver STAND-IN (tests/fixtures/cuda/cuda_driver_stand_in.c, the real entry point names and
+//! signatures, no driver behind them) is built here with the system C compiler as
+//! `libcuda.so.1`, loaded into this test process with `dlopen`, and found through
+//! `/proc/self/maps`; every probed entry point it exports becomes a site whose file offset
+//! holds the same bytes as the function the dynamic linker resolved. No root needed.
+use std::{ffi::CString, path::Path, process::Command};
+
+use infertrace::discover::cuda::{driver_in_maps, probe_sites_of};
+use infertrace_tests::live::temp_dir;
+
+fn build_stand_in(dir: &Path) -> std::path::PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/cuda/cuda_driver_stand_in.c");
+    let library = dir.join("libcuda.so.1");
+    // -O0 keeps each function's frame-pointer prologue (`push %rbp`), as most of the real
+    // driver's entry points have.
+    let status = Command::new("cc")
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O0",
+            "-Wall",
+            "-Werror",
+            "-Wno-unused-parameter",
+            "-o",
+        ])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .expect("running cc (the C compiler)");
+    assert!(status.success(), "building the driver stand-in");
+    library
+}
+
+#[test]
+fn the_driver_stand_in_is_found_and_its_probe_sites_resolved() {
+    let dir = temp_dir("cuda-discovery");
+    let library = build_stand_in(&dir);
+    let path = CString::new(library.to_str().expect("utf-8 path")).expect("no NUL");
+    // SAFETY: dlopen of a library built above from our own source, whose constructors do nothing.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!handle.is_null(), "dlopen {}", library.display());
+
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    let found = driver_in_maps(&maps).expect("libcuda.so.1 in this process's maps");
+    assert_eq!(
+        Path::new(found),
+        library.canonicalize().expect("canonical path")
+    );
+
+    let sites = probe_sites_of(&library).expect("probe sites");
+    let mut symbols: Vec<&str> = sites.iter().map(|s| s.symbol.as_str()).collect();
+    symbols.sort_unstable();
+    assert_eq!(
+        symbols,
+        [
+            "cuEventRecord",
+            "cuEventSynchronize",
+            "cuFuncGetName",
+            "cuGraphLaunch",
+            "cuGraphLaunch_ptsz",
+            "cuKernelGetFunction",
+            "cuLaunchKernel",
+            "cuLaunchKernelEx",
+            "cuLaunchKernel_ptsz",
+            "cuLibraryGetKernel",
+            "cuMemcpyAsync",
+            "cuMemcpyDtoHAsync_v2",
+            "cuModuleGetFunction",
+            "cuStreamSynchronize",
+        ],
+        "every probed export is a site, cuInit is not"
+    );
+
+    let file = std::fs::read(&library).expect("library bytes");
+    for site in &sites {
+        let name = CString::new(site.symbol.as_str()).expect("no NUL");
+        // SAFETY: dlsym on the live handle above, for a name it exports.
+        let resolved = unsafe { libc::dlsym(handle, name.as_ptr()) };
+        assert!(!resolved.is_null(), "dlsym {}", site.symbol);
+        // SAFETY: the first 8 bytes of a function of the mapped library, readable code.
+        let in_memory = unsafe { std::slice::from_raw_parts(resolved as *const u8, 8) };
+        let at = site.file_offset as usize;
+        assert_eq!(&file[at..at + 8], in_memory, "{} at {at:#x}", site.symbol);
+        assert!(
+            !site.cost.is_expensive(),
+            "{}: {:?}",
+            site.symbol,
+            site.cost
+        );
+    }
+}
