@@ -1,12 +1,13 @@
 //! CUDA driver discovery on a real ELF object loaded by a real process, without a GPU: the
 //! driver STAND-IN (tests/fixtures/cuda/cuda_driver_stand_in.c, the real entry point names and
 //! signatures, no driver behind them) is built here with the system C compiler as
-//! `libcuda.so.1`, loaded into this test process with `dlopen`, and found through
-//! `/proc/self/maps`; every probed entry point it exports becomes a site whose file offset
-//! holds the same bytes as the function the dynamic linker resolved. No root needed.
+//! `libcuda.so.1`, loaded into this test process with `dlopen`, found through this process's
+//! maps and read through its `/proc/PID/root`, as the agent does for a target; every probed
+//! entry point it exports becomes a site whose file offset holds the same bytes as the
+//! function the dynamic linker resolved. No root needed.
 use std::{ffi::CString, path::Path, process::Command};
 
-use infertrace::discover::cuda::{driver_in_maps, probe_sites_of};
+use infertrace::discover::cuda::{driver_of, probe_sites_of};
 use infertrace_tests::live::temp_dir;
 
 fn build_stand_in(dir: &Path) -> std::path::PathBuf {
@@ -41,14 +42,14 @@ fn the_driver_stand_in_is_found_and_its_probe_sites_resolved() {
     let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     assert!(!handle.is_null(), "dlopen {}", library.display());
 
-    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
-    let found = driver_in_maps(&maps).expect("libcuda.so.1 in this process's maps");
-    assert_eq!(
-        Path::new(found),
-        library.canonicalize().expect("canonical path")
-    );
+    // Found in this process's maps, and read through its /proc/PID/root as the agent would.
+    let pid = std::process::id();
+    let found = driver_of(pid).expect("libcuda.so.1 in this process's maps");
+    let canonical = library.canonicalize().expect("canonical path");
+    let expected = format!("/proc/{pid}/root{}", canonical.display());
+    assert_eq!(found, Path::new(&expected));
 
-    let sites = probe_sites_of(&library).expect("probe sites");
+    let sites = probe_sites_of(&found).expect("probe sites");
     let mut symbols: Vec<&str> = sites.iter().map(|s| s.symbol.as_str()).collect();
     symbols.sort_unstable();
     assert_eq!(

@@ -8,8 +8,11 @@
 //!
 //! Ids: the API answers with `chatcmpl-X` / `cmpl-X`; the engine request carries that id, or
 //! (completions with several prompts) `cmpl-X-<prompt index>`, and n>1 children are
-//! `<i>_<id>`. A call without an id (the client went away before any response) is joined to
-//! the first unclaimed engine request the frontend sent after the call's body arrived.
+//! `<i>_<id>`. SGLang instead gives every n>1 sample and the call's prefix warm-up an id of its
+//! own and answers with the first sample's; those are joined by prompt and send order
+//! (`Joiner::claim_relatives`). A call without an id (the client went away before any
+//! response) waits [`ABANDONED_GRACE_NS`] and is joined to the first unclaimed engine request
+//! the frontend sent after the call's body arrived.
 use std::collections::VecDeque;
 
 use crate::decode::{http::HttpExchange, openai::ApiCall};
