@@ -11,7 +11,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use infertrace::{
-    capture::kernel::KernelOptions,
+    capture::{cuda_watch::CudaOptions, kernel::KernelOptions},
     discover::engine::{self, Engine},
     doctor,
     export::{
@@ -23,7 +23,7 @@ use infertrace::{
     },
     pipeline::{Pipeline, PipelineOptions},
     session::{self, LiveOptions},
-    telemetry::{Clock, SpanOptions, agent_metrics, metrics::Registry, vllm_metrics},
+    telemetry::{Clock, SpanOptions, agent_metrics, gpu, metrics::Registry, vllm_metrics},
 };
 
 /// Zero-code tracing for vLLM and SGLang: attach with eBPF to a running inference server and
@@ -88,6 +88,17 @@ struct CaptureArgs {
     /// How often the ring buffer is drained, in milliseconds.
     #[arg(long, default_value_t = 20)]
     poll_ms: u64,
+    /// Do not probe the CUDA driver (GPU launch and synchronisation timing).
+    #[arg(long)]
+    no_cuda: bool,
+    /// Leave out CUDA driver entry points whose first instruction the kernel must single-step
+    /// (tens of microseconds per call each; the agent says at attach which ones they are).
+    #[arg(long)]
+    cuda_skip_single_stepped: bool,
+    /// One ring-buffer record per CUDA driver call instead of one per step (to check the
+    /// in-kernel aggregation and measure what it saves; costs more).
+    #[arg(long, hide = true)]
+    cuda_every_call: bool,
     #[command(flatten)]
     output: OutputArgs,
 }
@@ -240,7 +251,12 @@ impl OutputArgs {
             exporters.push(Box::new(Otlp::start(
                 &otlp,
                 registry.clone(),
-                &[&vllm_metrics::ALL[..], &agent_metrics::ALL[..]].concat(),
+                &[
+                    &vllm_metrics::ALL[..],
+                    &agent_metrics::ALL[..],
+                    &gpu::ALL[..],
+                ]
+                .concat(),
             )?));
         }
         if let Some(addr) = &self.prometheus {
@@ -263,6 +279,11 @@ impl CaptureArgs {
             kernel: KernelOptions {
                 ring_bytes: self.ring_mib.clamp(1, 1024) * 1024 * 1024,
                 cap_bytes: self.cap_bytes,
+                cuda: CudaOptions {
+                    off: self.no_cuda,
+                    skip_single_stepped: self.cuda_skip_single_stepped,
+                    every_call: self.cuda_every_call,
+                },
             },
             poll_interval: Duration::from_millis(self.poll_ms.clamp(1, 10_000)),
             duration,

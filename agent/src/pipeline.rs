@@ -9,13 +9,14 @@ use crate::{
     },
     discover::engine::Engine,
     engines::{
+        gpu::GpuTimeline,
         handoff::HandoffStats,
         sglang::{SglangStats, SglangTrace, SglangTracker},
         vllm::{TrackerStats, VllmEvent, VllmTracker},
     },
     export::Exporter,
     telemetry::{
-        Clock, SpanOptions, agent_metrics,
+        Clock, SpanOptions, agent_metrics, gpu,
         metrics::Registry,
         sglang_metrics::SglangMetrics,
         sglang_spans,
@@ -51,6 +52,8 @@ pub struct Pipeline {
     /// The SGLang tracker, when the traced engine is SGLang (it then takes every message).
     sglang: Option<SglangTracker>,
     sglang_metrics: SglangMetrics,
+    /// Traced threads' CUDA steps, whatever the engine.
+    gpu: GpuTimeline,
     span_options: SpanOptions,
     clock: Clock,
     ids: IdGenerator,
@@ -120,6 +123,7 @@ impl Pipeline {
             sglang_metrics: SglangMetrics {
                 model_name: options.spans.default_model.clone(),
             },
+            gpu: GpuTimeline::default(),
             metrics: VllmMetrics {
                 model_name: options.spans.default_model.clone(),
             },
@@ -168,6 +172,7 @@ impl Pipeline {
 
     /// Take a batch of decoded messages (in time order).
     pub fn handle(&mut self, batch: &[Decoded]) {
+        self.gpu_steps(batch);
         if let Some(sglang) = self.sglang.as_mut() {
             for decoded in batch {
                 sglang.feed(decoded);
@@ -271,6 +276,23 @@ impl Pipeline {
         for trace in traces {
             let spans = sglang_spans::spans(trace, &self.span_options, &self.clock, &mut self.ids);
             self.export_spans(&spans);
+        }
+    }
+
+    /// The batch's CUDA steps, named, to the metrics and the outputs that list steps.
+    fn gpu_steps(&mut self, batch: &[Decoded]) {
+        for decoded in batch {
+            let Decoded::Cuda(event) = decoded else {
+                continue;
+            };
+            let Some(step) = self.gpu.feed(event) else {
+                continue;
+            };
+            gpu::step(&mut self.registry.lock().expect("registry lock"), &step);
+            let report = gpu::report(&step, &self.clock);
+            for exporter in &mut self.exporters {
+                exporter.gpu_step(&report);
+            }
         }
     }
 

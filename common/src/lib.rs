@@ -21,6 +21,71 @@ pub mod kind {
     pub const CLOSE: u32 = 6;
     /// A tracked process's main thread returned from an epoll wait ([`PollRecord`]).
     pub const POLL: u32 = 7;
+    /// One thread's CUDA driver calls up to and including the synchronisation that ended
+    /// them, aggregated in the kernel ([`CudaStepRecord`]).
+    pub const CUDA_STEP: u32 = 8;
+    /// One probed CUDA driver call, when aggregation is off ([`CudaCallRecord`]).
+    pub const CUDA_CALL: u32 = 9;
+    /// A driver lookup that gave a function or kernel handle its name ([`CudaNameRecord`]).
+    pub const CUDA_NAME: u32 = 10;
+}
+
+/// The probed CUDA driver entry points (every `_v2`/`_ptsz` variant maps to its base), as
+/// passed to the uprobes in their attach cookie.
+pub mod cuda_fn {
+    pub const LAUNCH_KERNEL: u32 = 1;
+    pub const LAUNCH_KERNEL_EX: u32 = 2;
+    pub const GRAPH_LAUNCH: u32 = 3;
+    pub const STREAM_SYNCHRONIZE: u32 = 4;
+    pub const EVENT_SYNCHRONIZE: u32 = 5;
+    pub const EVENT_RECORD: u32 = 6;
+    pub const MEMCPY_DTOH_ASYNC: u32 = 7;
+    pub const MEMCPY_ASYNC: u32 = 8;
+    pub const MODULE_GET_FUNCTION: u32 = 9;
+    pub const LIBRARY_GET_KERNEL: u32 = 10;
+    pub const KERNEL_GET_FUNCTION: u32 = 11;
+    pub const FUNC_GET_NAME: u32 = 12;
+    /// Not a driver call: the thread exited with calls no synchronisation had ended.
+    pub const THREAD_EXIT: u32 = 255;
+
+    /// The base name of a driver entry point.
+    pub fn name(id: u32) -> &'static str {
+        match id {
+            LAUNCH_KERNEL => "cuLaunchKernel",
+            LAUNCH_KERNEL_EX => "cuLaunchKernelEx",
+            GRAPH_LAUNCH => "cuGraphLaunch",
+            STREAM_SYNCHRONIZE => "cuStreamSynchronize",
+            EVENT_SYNCHRONIZE => "cuEventSynchronize",
+            EVENT_RECORD => "cuEventRecord",
+            MEMCPY_DTOH_ASYNC => "cuMemcpyDtoHAsync",
+            MEMCPY_ASYNC => "cuMemcpyAsync",
+            MODULE_GET_FUNCTION => "cuModuleGetFunction",
+            LIBRARY_GET_KERNEL => "cuLibraryGetKernel",
+            KERNEL_GET_FUNCTION => "cuKernelGetFunction",
+            FUNC_GET_NAME => "cuFuncGetName",
+            THREAD_EXIT => "thread exit",
+            _ => "unknown",
+        }
+    }
+
+    /// The id of a probed function's base name.
+    pub fn id(name: &str) -> Option<u32> {
+        (LAUNCH_KERNEL..=FUNC_GET_NAME).find(|&id| self::name(id) == name)
+    }
+
+    /// Whether the function ends a step (the host waits for the GPU there).
+    pub fn is_sync(id: u32) -> bool {
+        matches!(id, STREAM_SYNCHRONIZE | EVENT_SYNCHRONIZE)
+    }
+
+    /// Whether the probe also needs the function's return (to time a wait or read an output).
+    pub fn needs_return(id: u32) -> bool {
+        is_sync(id)
+            || matches!(
+                id,
+                MODULE_GET_FUNCTION | LIBRARY_GET_KERNEL | KERNEL_GET_FUNCTION | FUNC_GET_NAME
+            )
+    }
 }
 
 /// Direction of socket data as seen by the traced process.
@@ -65,8 +130,13 @@ pub mod counter {
     pub const CAPTURED_SYSCALLS: u32 = 4;
     /// Tracked-process or fd-class map updates that failed because a map was full.
     pub const MAP_FULL: u32 = 5;
+    /// CUDA kernel launches counted in a step's `other_launches` because its per-kernel
+    /// table was full.
+    pub const CUDA_UNTABLED_LAUNCHES: u32 = 6;
+    /// Reads of a driver call's output (handle or name) that failed: the name is not known.
+    pub const CUDA_READ_FAILED: u32 = 7;
     /// Number of counters.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 8;
 }
 
 /// Payload bytes per ring-buffer record; larger syscalls are split into continuation records.
@@ -214,6 +284,101 @@ pub struct FdState {
     pub seq: [u64; 2],
 }
 
+/// Distinct kernels a [`CudaStepRecord`] counts one by one; launches of further kernels in
+/// the same step are counted together in `other_launches`.
+pub const CUDA_STEP_KERNELS: usize = 16;
+/// Bytes of a kernel name a [`CudaNameRecord`] carries (longer names are cut, and say so).
+pub const CUDA_NAME_BYTES: usize = 128;
+
+/// Launches of one function handle within a step.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelLaunches {
+    /// The `CUfunction` (or `CUkernel`) handle launched; 0 marks an unused slot.
+    pub function: u64,
+    pub launches: u32,
+    pub _pad: u32,
+}
+
+/// CUDA_STEP: what one thread asked of the driver since its previous synchronisation, and the
+/// synchronisation that ended it. `header.ts_ns` is when that synchronisation returned.
+/// All times are CPU-side: when the thread called the driver, never when the GPU ran.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaStepRecord {
+    pub header: RecordHeader,
+    /// When the ending synchronisation was called (0 for a thread that exited).
+    pub sync_enter_ns: u64,
+    /// First and last kernel or graph launch of the step (0 when there was none).
+    pub first_launch_ns: u64,
+    pub last_launch_ns: u64,
+    /// Bytes asked for by the step's asynchronous copies.
+    pub copy_bytes: u64,
+    /// cuLaunchKernel / cuLaunchKernelEx calls.
+    pub launches: u32,
+    /// cuGraphLaunch calls.
+    pub graph_launches: u32,
+    /// cuMemcpyDtoHAsync / cuMemcpyAsync calls.
+    pub copies: u32,
+    /// cuEventRecord calls.
+    pub event_records: u32,
+    /// The [`cuda_fn`] that ended the step.
+    pub sync_function: u32,
+    /// The synchronisation's CUresult.
+    pub sync_result: i32,
+    /// Launches of kernels beyond the first [`CUDA_STEP_KERNELS`] distinct ones.
+    pub other_launches: u32,
+    pub _pad: u32,
+    /// Launches per kernel, in order of first launch.
+    pub kernels: [KernelLaunches; CUDA_STEP_KERNELS],
+}
+
+/// CUDA_CALL (aggregation off): one probed driver call. `header.ts_ns` is its entry, or for a
+/// synchronisation its return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaCallRecord {
+    pub header: RecordHeader,
+    /// A synchronisation's entry time (else equal to `header.ts_ns`).
+    pub enter_ns: u64,
+    /// The function (launch), graph (graph launch), event or stream handle.
+    pub handle: u64,
+    /// A copy's byte count.
+    pub bytes: u64,
+    /// One of [`cuda_fn`].
+    pub function: u32,
+    /// A synchronisation's CUresult (0 for the others).
+    pub result: i32,
+}
+
+/// CUDA_NAME: a lookup's result. For cuKernelGetFunction, `handle` is the function and
+/// `kernel` the kernel it came from (no name: it names whatever the kernel was named).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaNameRecord {
+    pub header: RecordHeader,
+    pub handle: u64,
+    pub kernel: u64,
+    /// One of [`cuda_fn`] (a lookup).
+    pub function: u32,
+    /// Bytes of `name` read, without the terminating NUL.
+    pub len: u32,
+    pub name: [u8; CUDA_NAME_BYTES],
+}
+
+impl Default for CudaNameRecord {
+    fn default() -> Self {
+        Self {
+            header: RecordHeader::default(),
+            handle: 0,
+            kernel: 0,
+            function: 0,
+            len: 0,
+            name: [0; CUDA_NAME_BYTES],
+        }
+    }
+}
+
 /// Runtime configuration written by userspace into the `CONFIG` array (index 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,6 +387,10 @@ pub struct Config {
     pub cap_bytes: u32,
     /// Ring buffer fill level (bytes) above which a record wakes the reader.
     pub wakeup_watermark: u32,
+    /// Non-zero: one CUDA_CALL record per probed driver call instead of one CUDA_STEP per
+    /// synchronisation (for checking the aggregation, and for measuring what it saves).
+    pub cuda_every_call: u32,
+    pub _pad: u32,
 }
 
 impl Default for Config {
@@ -229,6 +398,8 @@ impl Default for Config {
         Self {
             cap_bytes: DEFAULT_CAP_BYTES,
             wakeup_watermark: 0,
+            cuda_every_call: 0,
+            _pad: 0,
         }
     }
 }

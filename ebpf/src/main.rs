@@ -1,7 +1,8 @@
 //! infertrace's kernel side: follow the traced engines' process tree and copy the payloads of
-//! their socket syscalls into a ring buffer, with the epoll waits of their main threads.
+//! their socket syscalls into a ring buffer, with the epoll waits of their main threads, and
+//! count their CUDA driver calls per step (uprobes).
 //!
-//! Only tracepoints are used (this kernel has no kprobes and no fentry, see DESIGN.md). Every
+//! Only tracepoints and uprobes are used (this kernel has no kprobes and no fentry, see DESIGN.md). Every
 //! program first checks that the current process is tracked, so untraced processes pay one
 //! hash lookup per syscall.
 #![no_std]
@@ -10,6 +11,7 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
+mod cuda;
 mod io;
 mod poll;
 mod proc;

@@ -70,6 +70,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     };
     // SAFETY: offset from the tracepoint's format file.
     let group_dead: u8 = unsafe { ctx.read_at(EXIT_GROUP_DEAD) }.unwrap_or(0);
+    crate::cuda::thread_exit(tgid, tid);
     if group_dead != 0 {
         let _ = TRACKED.remove(&tgid);
         emit(kind::EXIT, tgid, tid, ctx.tgid());

@@ -1,5 +1,6 @@
 //! Helpers for infertrace's root integration tests: start real processes, trace them with the
 //! real eBPF programs, collect what the decoders produced.
+pub mod cuda;
 pub mod live;
 pub mod sglang_truth;
 pub mod vllm_truth;
@@ -106,13 +107,20 @@ pub struct Script {
 }
 
 impl Script {
+    /// A Python fixture script.
     pub fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(python())
-            .args(args)
+        let mut python = Command::new(python());
+        python.args(args);
+        Self::spawn(python)
+    }
+
+    /// Any program that talks line by line.
+    pub fn spawn(mut command: Command) -> Self {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .expect("start python fixture");
+            .expect("start fixture program");
         let stdin = child.stdin.take().expect("stdin");
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
         Self {
@@ -273,6 +281,11 @@ impl Tracer {
             self.flows.stats()
         ));
         lines.join("\n")
+    }
+
+    /// The CUDA driver watcher: processes probed, attach failures and the last one's message.
+    pub fn cuda(&self) -> &infertrace::capture::cuda_watch::CudaWatch {
+        &self.live.cuda
     }
 
     /// The kernel's loss counters as of the last drain.

@@ -5,38 +5,15 @@
 //! maps and read through its `/proc/PID/root`, as the agent does for a target; every probed
 //! entry point it exports becomes a site whose file offset holds the same bytes as the
 //! function the dynamic linker resolved. No root needed.
-use std::{ffi::CString, path::Path, process::Command};
+use std::{ffi::CString, path::Path};
 
 use infertrace::discover::cuda::{driver_of, probe_sites_of};
-use infertrace_tests::live::temp_dir;
-
-fn build_stand_in(dir: &Path) -> std::path::PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/cuda/cuda_driver_stand_in.c");
-    let library = dir.join("libcuda.so.1");
-    // -O0 keeps each function's frame-pointer prologue (`push %rbp`), as most of the real
-    // driver's entry points have.
-    let status = Command::new("cc")
-        .args([
-            "-shared",
-            "-fPIC",
-            "-O0",
-            "-Wall",
-            "-Werror",
-            "-Wno-unused-parameter",
-            "-o",
-        ])
-        .arg(&library)
-        .arg(&source)
-        .status()
-        .expect("running cc (the C compiler)");
-    assert!(status.success(), "building the driver stand-in");
-    library
-}
+use infertrace_tests::{cuda, live::temp_dir};
 
 #[test]
 fn the_driver_stand_in_is_found_and_its_probe_sites_resolved() {
     let dir = temp_dir("cuda-discovery");
-    let library = build_stand_in(&dir);
+    let library = cuda::build(&dir).driver;
     let path = CString::new(library.to_str().expect("utf-8 path")).expect("no NUL");
     // SAFETY: dlopen of a library built above from our own source, whose constructors do nothing.
     let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };

@@ -2,15 +2,25 @@
 //!
 //! This is the only place that touches the kernel. Everything it hands on is a raw record
 //! (exactly the bytes the kernel wrote), so live capture and replay share the same parser.
-use std::os::fd::AsRawFd;
+use std::{collections::HashMap as StdHashMap, num::NonZeroU32, os::fd::AsRawFd, path::Path};
 
 use anyhow::{Context as _, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{
+        TracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+    },
 };
-use infertrace_common::{Config, FdDecision, FdKey, FdState, counter, fd_action};
+use infertrace_common::{Config, FdDecision, FdKey, FdState, counter, cuda_fn, fd_action};
+
+use super::cuda_watch::CudaOptions;
+use crate::discover::cuda::ProbeSite;
+
+/// The uprobe programs of every CUDA driver site: the entry, and the return where it matters.
+const CUDA_ENTER: &str = "cuda_enter";
+const CUDA_RETURN: &str = "cuda_return";
 
 /// The committed, debug-stripped eBPF object (rebuilt by `cargo xtask build-ebpf`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../../../ebpf/prebuilt/infertrace.bpf.o");
@@ -52,6 +62,8 @@ pub struct KernelOptions {
     pub ring_bytes: u32,
     /// Per-syscall payload cap in bytes.
     pub cap_bytes: u32,
+    /// What to do with the CUDA driver of traced processes.
+    pub cuda: CudaOptions,
 }
 
 impl Default for KernelOptions {
@@ -59,12 +71,15 @@ impl Default for KernelOptions {
         Self {
             ring_bytes: 32 * 1024 * 1024,
             cap_bytes: infertrace_common::DEFAULT_CAP_BYTES,
+            cuda: CudaOptions::default(),
         }
     }
 }
 
 /// Kernel-side counters, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+// Recordings made before a counter existed read it as 0.
+#[serde(default)]
 pub struct KernelCounters {
     pub ring_full: u64,
     pub truncated_bytes: u64,
@@ -72,11 +87,19 @@ pub struct KernelCounters {
     pub read_failed: u64,
     pub captured_syscalls: u64,
     pub map_full: u64,
+    pub cuda_untabled_launches: u64,
+    pub cuda_read_failed: u64,
 }
 
 /// Loaded and attached programs. Detaches when dropped.
 pub struct KernelCapture {
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
+    /// Whether the CUDA programs are loaded (on first use).
+    cuda_loaded: bool,
+    /// Each process's CUDA probe links (entry program, return program), to detach on exit.
+    cuda_links: StdHashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
+    /// Kept open: programs loaded later (the CUDA probes) refer to the map by its fd.
+    _config: Array<MapData, Config>,
     ring: RingBuf<MapData>,
     tracked: HashMap<MapData, u32, u8>,
     fd_class: HashMap<MapData, FdKey, FdState>,
@@ -105,6 +128,8 @@ impl KernelCapture {
             Config {
                 cap_bytes: options.cap_bytes,
                 wakeup_watermark: ring_bytes / 4,
+                cuda_every_call: u32::from(options.cuda.every_call),
+                _pad: 0,
             },
             0,
         )?;
@@ -121,7 +146,10 @@ impl KernelCapture {
         let counters =
             PerCpuArray::try_from(ebpf.take_map("COUNTERS").context("COUNTERS missing")?)?;
         Ok(Self {
-            _ebpf: ebpf,
+            ebpf,
+            cuda_loaded: false,
+            cuda_links: StdHashMap::new(),
+            _config: config,
             ring,
             tracked,
             fd_class,
@@ -172,6 +200,75 @@ impl KernelCapture {
         remove_process_keys(&mut self.fd_decision, tgid);
     }
 
+    /// Attach the CUDA probes to `sites` of the driver library at `driver` (a path this process
+    /// can open), for process `pid` only. Returns how many probes were attached; on an error,
+    /// those attached before it stay (and are detached with the process).
+    pub fn probe_cuda(
+        &mut self,
+        pid: u32,
+        driver: &Path,
+        sites: &[ProbeSite],
+    ) -> anyhow::Result<usize> {
+        let scope = UProbeScope::OneProcess(
+            NonZeroU32::new(pid).context("pid 0 has no CUDA driver to probe")?,
+        );
+        if !self.cuda_loaded {
+            for name in [CUDA_ENTER, CUDA_RETURN] {
+                self.uprobe(name)?
+                    .load()
+                    .with_context(|| format!("verifier rejected {name}"))?;
+            }
+            self.cuda_loaded = true;
+        }
+        let mut attached = 0;
+        for site in sites {
+            let id = cuda_fn::id(site.function)
+                .with_context(|| format!("{} is not a probed function", site.function))?;
+            let programs: &[&'static str] = if cuda_fn::needs_return(id) {
+                &[CUDA_ENTER, CUDA_RETURN]
+            } else {
+                &[CUDA_ENTER]
+            };
+            for &name in programs {
+                let point = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(site.file_offset),
+                    cookie: Some(u64::from(id)),
+                };
+                let link = self
+                    .uprobe(name)?
+                    .attach(point, driver, scope)
+                    .with_context(|| {
+                        format!(
+                            "attaching {name} to {} at {:#x} of {} for pid {pid}",
+                            site.symbol,
+                            site.file_offset,
+                            driver.display()
+                        )
+                    })?;
+                self.cuda_links.entry(pid).or_default().push((name, link));
+                attached += 1;
+            }
+        }
+        Ok(attached)
+    }
+
+    /// Detach the CUDA probes of a process (it exited or replaced its program).
+    pub fn unprobe_cuda(&mut self, pid: u32) {
+        for (name, link) in self.cuda_links.remove(&pid).unwrap_or_default() {
+            if let Ok(program) = self.uprobe(name) {
+                let _ = program.detach(link);
+            }
+        }
+    }
+
+    fn uprobe(&mut self, name: &str) -> anyhow::Result<&mut UProbe> {
+        Ok(self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the eBPF object"))?
+            .try_into()?)
+    }
+
     /// Hand up to `max` records from the ring buffer to `sink`, as the kernel wrote them.
     /// Returns how many were handed over.
     pub fn drain(&mut self, max: usize, mut sink: impl FnMut(&[u8])) -> usize {
@@ -203,6 +300,8 @@ impl KernelCapture {
             read_failed: sum(counter::READ_FAILED),
             captured_syscalls: sum(counter::CAPTURED_SYSCALLS),
             map_full: sum(counter::MAP_FULL),
+            cuda_untabled_launches: sum(counter::CUDA_UNTABLED_LAUNCHES),
+            cuda_read_failed: sum(counter::CUDA_READ_FAILED),
         }
     }
 }

@@ -10,6 +10,7 @@ use anyhow::bail;
 
 use super::{
     CaptureEvent, ProcessInfo, Record,
+    cuda_watch::CudaWatch,
     kernel::{KernelCapture, KernelOptions},
     records,
 };
@@ -31,6 +32,8 @@ pub struct LiveStats {
 
 pub struct LiveCapture {
     kernel: KernelCapture,
+    /// Traced processes' CUDA drivers: found, probed, or looked for again.
+    pub cuda: CudaWatch,
     roles: Roles,
     sockets: SocketLookup,
     pub stats: LiveStats,
@@ -53,10 +56,12 @@ impl LiveCapture {
             }
         }
         let mut kernel = KernelCapture::load(options)?;
+        let mut cuda = CudaWatch::new(options.cuda);
         let mut events = Vec::new();
         for &pid in pids {
             for member in procfs::process_tree(pid) {
                 kernel.track(member)?;
+                cuda.watch(member);
                 if let Some(info) = process_info(member) {
                     events.push(CaptureEvent::Process(info));
                 }
@@ -69,6 +74,7 @@ impl LiveCapture {
         Ok((
             Self {
                 kernel,
+                cuda,
                 roles: Roles::default(),
                 sockets: SocketLookup::default(),
                 stats: LiveStats::default(),
@@ -85,6 +91,7 @@ impl LiveCapture {
     /// A Tick per batch, not per empty ring: under sustained load the ring never empties, and
     /// the decoders must still give up on lost records after a bounded wait.
     pub fn poll(&mut self, out: &mut Vec<CaptureEvent>) -> bool {
+        self.cuda.look(&mut self.kernel);
         let mut parsed = Vec::new();
         let mut bad = 0;
         let n = self
@@ -148,6 +155,7 @@ impl LiveCapture {
                 // The fork tracepoint also fires for new threads; only processes stay tracked.
                 match procfs::tgid_of(*child) {
                     Some(tgid) if tgid == *child => {
+                        self.cuda.watch(*child);
                         if let Some(info) = process_info(*child) {
                             out.push(CaptureEvent::Process(info));
                         }
@@ -157,16 +165,24 @@ impl LiveCapture {
             }
             Record::Exec { header, .. } => {
                 self.roles.forget(header.tgid);
+                self.cuda.forget(header.tgid, &mut self.kernel);
+                self.cuda.watch(header.tgid);
                 if let Some(info) = process_info(header.tgid) {
                     out.push(CaptureEvent::Process(info));
                 }
             }
             Record::Exit { header } => {
                 self.roles.forget(header.tgid);
+                self.cuda.forget(header.tgid, &mut self.kernel);
                 self.sockets.forget(header.tgid);
                 self.kernel.forget_process(header.tgid);
             }
-            Record::Close { .. } | Record::Io { .. } | Record::Poll { .. } => {}
+            Record::Close { .. }
+            | Record::Io { .. }
+            | Record::Poll { .. }
+            | Record::CudaStep(_)
+            | Record::CudaCall(_)
+            | Record::CudaName(_) => {}
         }
     }
 

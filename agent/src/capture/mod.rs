@@ -1,6 +1,7 @@
 //! Stage 1: everything the agent learns from the kernel and from /proc, as a stream of
 //! [`CaptureEvent`]s. Live capture produces it ([`live`]), a recording stores it
 //! ([`recording`]), and replay reads it back, so all later stages run the same either way.
+pub mod cuda_watch;
 pub mod kernel;
 pub mod live;
 pub mod recording;

@@ -2,7 +2,10 @@
 //!
 //! Pure and total: any byte string gives either a record or an error, never a panic, because
 //! recorded files are untrusted input to `infertrace replay`.
-use infertrace_common::{IoRecord, NewFdRecord, PollRecord, ProcRecord, RecordHeader, kind};
+use infertrace_common::{
+    CudaCallRecord, CudaNameRecord, CudaStepRecord, IoRecord, NewFdRecord, PollRecord, ProcRecord,
+    RecordHeader, kind,
+};
 use thiserror::Error;
 
 /// One kernel record.
@@ -40,6 +43,12 @@ pub enum Record {
         enter_ns: u64,
         ret: i64,
     },
+    /// A thread's CUDA driver calls up to a synchronisation, counted in the kernel.
+    CudaStep(Box<CudaStepRecord>),
+    /// One CUDA driver call (aggregation off).
+    CudaCall(CudaCallRecord),
+    /// A CUDA driver lookup that named a handle.
+    CudaName(Box<CudaNameRecord>),
 }
 
 impl Record {
@@ -52,6 +61,9 @@ impl Record {
             | Record::Close { header, .. }
             | Record::Poll { header, .. } => header,
             Record::Io { io, .. } => &io.header,
+            Record::CudaStep(r) => &r.header,
+            Record::CudaCall(r) => &r.header,
+            Record::CudaName(r) => &r.header,
         }
     }
 }
@@ -122,6 +134,9 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
                 ret: r.ret,
             })
         }
+        kind::CUDA_STEP => Ok(Record::CudaStep(Box::new(read(bytes)?))),
+        kind::CUDA_CALL => Ok(Record::CudaCall(read(bytes)?)),
+        kind::CUDA_NAME => Ok(Record::CudaName(Box::new(read(bytes)?))),
         other => Err(RecordError::UnknownKind(other)),
     }
 }
@@ -202,6 +217,9 @@ pub fn encode(record: &Record) -> Vec<u8> {
             enter_ns: *enter_ns,
             ret: *ret,
         }),
+        Record::CudaStep(r) => bytes_of(r.as_ref()),
+        Record::CudaCall(r) => bytes_of(r),
+        Record::CudaName(r) => bytes_of(r.as_ref()),
     }
 }
 
@@ -294,6 +312,31 @@ mod tests {
                 enter_ns: 2,
                 ret: -4,
             },
+            Record::CudaStep(Box::new(CudaStepRecord {
+                header: RecordHeader {
+                    kind: kind::CUDA_STEP,
+                    ..header
+                },
+                launches: 5,
+                sync_result: -1,
+                ..CudaStepRecord::default()
+            })),
+            Record::CudaCall(CudaCallRecord {
+                header: RecordHeader {
+                    kind: kind::CUDA_CALL,
+                    ..header
+                },
+                handle: 0xabc,
+                ..CudaCallRecord::default()
+            }),
+            Record::CudaName(Box::new(CudaNameRecord {
+                header: RecordHeader {
+                    kind: kind::CUDA_NAME,
+                    ..header
+                },
+                len: 3,
+                ..CudaNameRecord::default()
+            })),
         ];
         for record in records {
             assert_eq!(parse(&encode(&record)).unwrap(), record);

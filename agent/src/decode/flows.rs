@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use infertrace_common::{IoRecord, direction, io_flags};
 
 use super::{
+    cuda::{CudaDecoder, CudaEvent},
     http::{HttpConnection, HttpExchange},
     zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
 };
@@ -43,6 +44,8 @@ pub enum Decoded {
     LoopWait(LoopWait),
     /// A traced process and its title (command line), for the trackers that name processes.
     Process(ProcessInfo),
+    /// A thread's CUDA step, or a kernel's name.
+    Cuda(CudaEvent),
 }
 
 /// One 8-byte eventfd read or write: who signalled whom, and when.
@@ -69,7 +72,10 @@ pub struct LoopWait {
 impl Decoded {
     /// Decoded from captured bytes (not the note of a process or of a loop's wait).
     pub fn is_message(&self) -> bool {
-        !matches!(self, Decoded::Process(_) | Decoded::LoopWait(_))
+        !matches!(
+            self,
+            Decoded::Process(_) | Decoded::LoopWait(_) | Decoded::Cuda(_)
+        )
     }
 
     /// When the message began (first byte of the request, or of the ZMTP message).
@@ -86,6 +92,9 @@ impl Decoded {
             Decoded::LoopWait(w) => w.exit_ns,
             // Known before any message: sorted first.
             Decoded::Process(_) => 0,
+            Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
+            // A name is needed by the steps after it: sorted first, like a process.
+            Decoded::Cuda(CudaEvent::Name(_)) => 0,
         }
     }
 
@@ -102,6 +111,9 @@ impl Decoded {
             Decoded::Wakeup(w) => w.ns,
             Decoded::LoopWait(w) => w.exit_ns,
             Decoded::Process(_) => 0,
+            Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
+            // A name is needed by the steps after it: sorted first, like a process.
+            Decoded::Cuda(CudaEvent::Name(_)) => 0,
         }
     }
 }
@@ -372,6 +384,7 @@ type FlowKey = (u32, u32);
 #[derive(Default)]
 pub struct FlowTable {
     flows: HashMap<FlowKey, Flow>,
+    cuda: CudaDecoder,
     stats: FlowStats,
     clock: u64,
 }
@@ -394,7 +407,18 @@ impl FlowTable {
             CaptureEvent::Kernel(Record::Close { header, fd }) => {
                 self.end((header.tgid, *fd), header.ts_ns, &mut out);
             }
+            CaptureEvent::Kernel(Record::CudaStep(r)) => {
+                out.push(Decoded::Cuda(CudaEvent::from_step(r)));
+            }
+            CaptureEvent::Kernel(Record::CudaName(r)) => {
+                out.push(Decoded::Cuda(CudaEvent::from_name(r)));
+            }
+            CaptureEvent::Kernel(Record::CudaCall(r)) => {
+                out.extend(self.cuda.call(r).map(Decoded::Cuda));
+            }
             CaptureEvent::Kernel(Record::Exit { header }) => {
+                let ended = self.cuda.exit(header.tgid, header.ts_ns);
+                out.extend(ended.into_iter().map(Decoded::Cuda));
                 let keys: Vec<FlowKey> = self
                     .flows
                     .keys()

@@ -3,6 +3,7 @@
 //!
 //! Attaching to an engine that has run for hours is the normal case, so every decoder finds
 //! message boundaries on its own (no handshake is ever required) and resynchronises after a gap.
+pub mod cuda;
 pub mod flows;
 pub mod http;
 pub mod openai;

@@ -279,7 +279,8 @@ impl SglangTracker {
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
             // SGLang's frontend handles an output in the task that read it: the mailbox read
             // is its instant, with no loop iteration to wait for.
-            Decoded::LoopWait(_) => {}
+            // GPU steps go to the pipeline's timeline.
+            Decoded::LoopWait(_) | Decoded::Cuda(_) => {}
             Decoded::Process(info) => {
                 if let Some(ranks) = scheduler_ranks(&info.cmdline) {
                     self.ranks.insert(info.pid, ranks);

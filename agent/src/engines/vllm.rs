@@ -372,7 +372,8 @@ impl VllmTracker {
             },
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
             Decoded::LoopWait(wait) => self.handoffs.loop_waited(wait),
-            Decoded::Process(_) => {}
+            // GPU steps go to the pipeline's timeline.
+            Decoded::Process(_) | Decoded::Cuda(_) => {}
         }
     }
 

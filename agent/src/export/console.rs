@@ -6,9 +6,11 @@
 //! message, and per-value `format!` calls made it the agent's most expensive step.
 use std::{fmt::Write as _, io::Write as _};
 
+use infertrace_common::cuda_fn;
+
 use super::Exporter;
 use crate::{
-    decode::{flows::Decoded, http::HttpExchange, zmtp::ZmtpMessage},
+    decode::{cuda::CudaEvent, flows::Decoded, http::HttpExchange, zmtp::ZmtpMessage},
     telemetry::{
         metrics::Sample,
         span::{AttrValue, Span},
@@ -66,6 +68,22 @@ impl Console {
                 );
             }
             Decoded::LoopWait(_) => {}
+            Decoded::Cuda(CudaEvent::Step(step)) => {
+                let _ = write!(
+                    line,
+                    " cuda pid={} tid={} step ended by {}: {} launches, {} graph launches, \
+                     {} copies",
+                    step.tgid,
+                    step.tid,
+                    cuda_fn::name(step.sync_function),
+                    step.launches,
+                    step.graph_launches,
+                    step.copies
+                );
+            }
+            Decoded::Cuda(CudaEvent::Name(name)) => {
+                let _ = write!(line, " cuda {name:?}");
+            }
         }
         Some(line)
     }

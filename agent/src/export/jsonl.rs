@@ -1,11 +1,12 @@
-//! JSON Lines: one line per span (`"type":"span"`) and one per metrics snapshot
-//! (`"type":"metrics"`), for files and pipes (`--output jsonl:PATH`, `-` for stdout).
+//! JSON Lines: one line per span (`"type":"span"`), one per metrics snapshot
+//! (`"type":"metrics"`) and one per CUDA step of a traced thread (`"type":"cuda_step"`), for
+//! files and pipes (`--output jsonl:PATH`, `-` for stdout).
 use std::io::Write;
 
 use serde::Serialize;
 
 use super::Exporter;
-use crate::telemetry::{metrics::Sample, span::Span};
+use crate::telemetry::{gpu::GpuStepReport, metrics::Sample, span::Span};
 
 pub struct Jsonl<W: Write> {
     out: W,
@@ -18,6 +19,13 @@ struct SpanLine<'a> {
     r#type: &'static str,
     #[serde(flatten)]
     span: &'a Span,
+}
+
+#[derive(Serialize)]
+struct GpuStepLine<'a> {
+    r#type: &'static str,
+    #[serde(flatten)]
+    step: &'a GpuStepReport,
 }
 
 #[derive(Serialize)]
@@ -66,6 +74,13 @@ impl<W: Write> Exporter for Jsonl<W> {
             samples,
         });
         let _ = self.out.flush();
+    }
+
+    fn gpu_step(&mut self, step: &GpuStepReport) {
+        self.line(&GpuStepLine {
+            r#type: "cuda_step",
+            step,
+        });
     }
 
     fn shutdown(&mut self) {

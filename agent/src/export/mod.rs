@@ -1,7 +1,7 @@
 //! Where spans and metrics go: the console (default), JSONL files, OTLP, Prometheus.
 //!
 //! Exporters never stop the pipeline: a failed write is logged and counted by the exporter.
-use crate::telemetry::{metrics::Sample, span::Span};
+use crate::telemetry::{gpu::GpuStepReport, metrics::Sample, span::Span};
 
 pub mod console;
 pub mod jsonl;
@@ -13,6 +13,8 @@ pub trait Exporter {
     fn spans(&mut self, spans: &[Span]);
     /// A snapshot of every metric series, taken at `unix_ns`.
     fn metrics(&mut self, samples: &[Sample], unix_ns: u64);
+    /// One CUDA step of a traced thread (only outputs that list every step keep it).
+    fn gpu_step(&mut self, _step: &GpuStepReport) {}
     /// Flush what is buffered; called at the end of the session.
     fn shutdown(&mut self) {}
 }

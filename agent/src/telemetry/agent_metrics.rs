@@ -38,6 +38,10 @@ pub const MAP_FULL: MetricDef = counter(
     "infertrace_map_full_total",
     "Kernel map insertions that failed because a map was full.",
 );
+pub const CUDA_LOOKUP_READ_FAILURES: MetricDef = counter(
+    "infertrace_cuda_lookup_read_failures_total",
+    "CUDA driver lookups whose answer (handle or name) could not be read: kernels left unnamed.",
+);
 pub const STREAM_GAPS: MetricDef = counter(
     "infertrace_stream_gaps_total",
     "Syscalls of a byte stream that were lost or incomplete.",
@@ -87,8 +91,9 @@ pub const TRACES: MetricDef = counter(
 );
 
 /// Every agent metric, for exporters that declare instruments up front.
-pub static ALL: [&MetricDef; 16] = [
+pub static ALL: [&MetricDef; 17] = [
     &CAPTURED_SYSCALLS,
+    &CUDA_LOOKUP_READ_FAILURES,
     &LOST_RECORDS,
     &TRUNCATED_SYSCALLS,
     &UNREADABLE_CHUNKS,
@@ -114,6 +119,7 @@ pub fn capture(r: &mut Registry, kernel: &KernelCounters, flows: &FlowStats) {
         (&TRUNCATED_SYSCALLS, kernel.truncated_syscalls),
         (&UNREADABLE_CHUNKS, kernel.read_failed),
         (&MAP_FULL, kernel.map_full),
+        (&CUDA_LOOKUP_READ_FAILURES, kernel.cuda_read_failed),
         (&STREAM_GAPS, flows.gaps),
     ] {
         r.set_total(def, Vec::new(), value as f64);

@@ -3,6 +3,7 @@
 pub mod agent_metrics;
 pub mod api_metrics;
 pub mod entry_span;
+pub mod gpu;
 pub mod metrics;
 pub mod sglang_metrics;
 pub mod sglang_spans;
