@@ -46,6 +46,8 @@ pub struct Summary {
     /// Kernel records handled, and their payload bytes.
     pub records: u64,
     pub payload_bytes: u64,
+    /// Of the records, those of the CUDA probes (steps, calls, names).
+    pub cuda_records: u64,
     pub kernel: KernelCounters,
     pub flows: FlowStats,
     pub messages: u64,
@@ -61,8 +63,12 @@ impl Summary {
             CaptureEvent::Counters(c) => self.kernel = *c,
             CaptureEvent::Kernel(record) => {
                 self.records += 1;
-                if let Record::Io { payload, .. } = record {
-                    self.payload_bytes += payload.len() as u64;
+                match record {
+                    Record::Io { payload, .. } => self.payload_bytes += payload.len() as u64,
+                    Record::CudaStep(_) | Record::CudaCall(_) | Record::CudaName(_) => {
+                        self.cuda_records += 1
+                    }
+                    _ => {}
                 }
             }
             _ => {}
@@ -76,12 +82,13 @@ impl std::fmt::Display for Summary {
         let s = &self.flows;
         write!(
             f,
-            "{} records ({} B of payload); decoded {} messages from {} syscalls ({} B); lost: {} \
+            "{} records ({} B of payload, {} CUDA records); decoded {} messages from {} syscalls ({} B); lost: {} \
              ring-full records, {} truncated syscalls ({} B past the cap), {} unreadable chunks, \
              {} map-full; {} stream gaps, {} late records, {} bad records; {} fds closed \
              before classification (decoded by content); {} B of fds found uninteresting",
             self.records,
             self.payload_bytes,
+            self.cuda_records,
             self.messages,
             s.syscalls,
             s.bytes,

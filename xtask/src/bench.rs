@@ -251,12 +251,12 @@ fn frame_len(size: usize) -> usize {
     size + if size > 255 { 9 } else { 2 }
 }
 
-fn median(values: &mut [f64]) -> f64 {
+pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
 }
 
-fn fmt(values: &[f64]) -> String {
+pub fn fmt(values: &[f64]) -> String {
     values
         .iter()
         .map(|v| format!("{v:.0}"))

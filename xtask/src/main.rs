@@ -11,6 +11,7 @@
 //! - `bench-vllm`, `bench-sglang`: the agent's overhead on the real engines (their own serving
 //!   benchmarks), BENCHMARKS.md.
 mod bench;
+mod bench_cuda;
 mod bench_engine;
 mod demo;
 mod ebpf;
@@ -59,6 +60,9 @@ enum Task {
     },
     /// Capture benchmark: added cost per syscall, pipeline throughput, overload (needs root).
     BenchCapture,
+    /// CUDA launch probes: added cost per probed launch and records per step, with the driver
+    /// stand-in (needs root).
+    BenchCuda,
     /// Overhead on the real vLLM: `vllm bench serve` with and without the agent (needs root).
     BenchVllm {
         #[command(flatten)]
@@ -147,6 +151,7 @@ fn main() -> anyhow::Result<()> {
         Task::CheckEbpf => ebpf::check(),
         Task::Test { skip_fuzz } => test::test(skip_fuzz),
         Task::BenchCapture => bench::bench_capture(),
+        Task::BenchCuda => bench_cuda::bench_cuda(),
         Task::BenchVllm { options } => bench_engine::bench(Engine::Vllm, &options.options()),
         Task::BenchSglang { options } => bench_engine::bench(Engine::Sglang, &options.options()),
         Task::BenchLoad { count, size } => bench::bench_load(count, size),
