@@ -229,3 +229,113 @@ fn launches_are_counted_per_step_in_the_kernel_and_named() {
     // Every call: 10 per step, 21 in the wide one, 1 at exit, and the 5 lookups.
     assert_eq!(call_records, STEPS * 10 + 21 + 1 + 5);
 }
+
+/// What a user of `infertrace attach` sees: one `cuda_step` JSON line per step, and the CUDA
+/// metrics in the last snapshot.
+#[test]
+fn attach_writes_the_steps_and_the_cuda_metrics() {
+    let dir = temp_dir("cuda-probes-cli");
+    let fixtures = cuda::build(&dir);
+    let mut command = Command::new(&fixtures.step_program);
+    command
+        .arg(&fixtures.driver)
+        .args(["steps", &STEPS.to_string()]);
+    let mut program = Script::spawn(command);
+    assert_eq!(program.read_line(), "ready");
+    let pid = program.pid().to_string();
+    let out = dir.join("out.jsonl");
+    let log = std::fs::File::create(dir.join("agent.log")).expect("log file");
+    let mut agent = Command::new(infertrace_tests::infertrace_bin())
+        .args(["attach", "--pid", &pid, "--output"])
+        .arg(format!("jsonl:{}", out.display()))
+        .env("INFERTRACE_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(log)
+        .spawn()
+        .expect("start infertrace");
+    let agent_log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !agent_log().contains("attached:") {
+        assert!(
+            Instant::now() < deadline,
+            "never attached:\n{}",
+            agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    program.send_line("load");
+    assert_eq!(program.read_line(), "loaded");
+    while !agent_log().contains("probes on") {
+        assert!(Instant::now() < deadline, "never probed:\n{}", agent_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    program.send_line("run");
+    assert_eq!(program.read_line(), "done");
+    program.send_line("exit");
+    assert!(program.child.wait().expect("exit").success());
+    // The agent stops by itself when the traced process has exited.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = agent.try_wait().expect("agent status") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = agent.kill();
+            panic!("the agent did not stop:\n{}", agent_log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{}", agent_log());
+
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+        .expect("jsonl output")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let steps: Vec<&serde_json::Value> =
+        lines.iter().filter(|l| l["type"] == "cuda_step").collect();
+    assert_eq!(steps.len(), STEPS + 2, "{}", agent_log());
+    let first = steps[0];
+    assert_eq!(first["pid"].as_u64(), Some(u64::from(program.pid())));
+    assert_eq!(first["ended_by"], "cuStreamSynchronize");
+    assert_eq!(first["kernel_launches"], 6);
+    assert_eq!(first["graph_launches"], 1);
+    assert_eq!(first["copy_bytes"], 32);
+    assert_eq!(first["kernels"][0]["name"], "gemm_kernel");
+    assert_eq!(first["kernels"][0]["launches"], 3);
+    assert!(first["cpu_sync_wait_ns"].as_u64().is_some());
+    assert!(first["cpu_launch_span_ns"].as_u64().is_some());
+    assert_eq!(steps[1]["ended_by"], "cuEventSynchronize");
+    assert_eq!(steps[STEPS]["unlisted_launches"], 4);
+    assert_eq!(steps[STEPS + 1]["ended_by"], "thread exit");
+
+    let metrics = lines
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "metrics")
+        .expect("a metrics snapshot");
+    let value = |name: &str, kernel: Option<&str>| -> f64 {
+        metrics["samples"]
+            .as_array()
+            .expect("samples")
+            .iter()
+            .filter(|s| s["name"] == name)
+            .filter(|s| kernel.is_none_or(|k| s["dimensions"]["kernel"] == k))
+            .map(|s| s["value"].as_f64().expect("a number"))
+            .sum()
+    };
+    let launches = "infertrace_cuda_kernel_launches_total";
+    assert_eq!(value(launches, Some("gemm_kernel")), (STEPS * 3 + 1) as f64);
+    assert_eq!(value(launches, Some("flash_attn_kernel")), STEPS as f64);
+    assert_eq!(value(launches, Some("(unlisted)")), 4.0);
+    assert_eq!(value(launches, None), (STEPS * 6 + 20 + 1) as f64);
+    assert_eq!(
+        value("infertrace_cuda_graph_launches_total", None),
+        STEPS as f64
+    );
+    assert_eq!(
+        value("infertrace_cuda_steps_total", None),
+        (STEPS + 2) as f64
+    );
+    assert!(value("infertrace_cuda_cpu_sync_wait_seconds_total", None) > 0.0);
+}

@@ -151,7 +151,10 @@ fn step_run(
         });
         if probed_rx.recv_timeout(Duration::from_secs(30)).is_err() {
             let _ = process.kill();
-            bail!("the agent never probed the driver:\n{}", log.join().unwrap());
+            bail!(
+                "the agent never probed the driver:\n{}",
+                log.join().unwrap()
+            );
         }
         agent = Some((process, log));
     }
