@@ -41,6 +41,7 @@ pub fn run() -> Vec<Check> {
         tracefs(),
         tracepoints(),
         uprobes(),
+        gpus(),
         kprobes(),
         ring_buffer(),
         perf_event(),
@@ -231,6 +232,19 @@ fn uprobes() -> Check {
             Status::Warn,
             "no uprobe perf events (kernel built without CONFIG_UPROBE_EVENTS): socket capture \
              works, CUDA and library probes will not",
+        ),
+    }
+}
+
+fn gpus() -> Check {
+    match crate::discover::gpu::describe() {
+        Ok(line) => check("GPUs", Status::Ok, line),
+        Err(why) => check(
+            "GPUs",
+            Status::Warn,
+            format!(
+                "{why}: no GPU metadata; CUDA launch probes still work where libcuda is loaded"
+            ),
         ),
     }
 }
@@ -467,6 +481,7 @@ mod tests {
                 "tracefs",
                 "tracepoints",
                 "uprobes",
+                "GPUs",
                 "kprobes/fentry",
                 "bpf ring buffer",
                 "perf_event",

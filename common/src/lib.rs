@@ -45,6 +45,7 @@ pub mod cuda_fn {
     pub const LIBRARY_GET_KERNEL: u32 = 10;
     pub const KERNEL_GET_FUNCTION: u32 = 11;
     pub const FUNC_GET_NAME: u32 = 12;
+    pub const CTX_SYNCHRONIZE: u32 = 13;
     /// Not a driver call: the thread exited with calls no synchronisation had ended.
     pub const THREAD_EXIT: u32 = 255;
 
@@ -63,6 +64,7 @@ pub mod cuda_fn {
             LIBRARY_GET_KERNEL => "cuLibraryGetKernel",
             KERNEL_GET_FUNCTION => "cuKernelGetFunction",
             FUNC_GET_NAME => "cuFuncGetName",
+            CTX_SYNCHRONIZE => "cuCtxSynchronize",
             THREAD_EXIT => "thread exit",
             _ => "unknown",
         }
@@ -70,12 +72,12 @@ pub mod cuda_fn {
 
     /// The id of a probed function's base name.
     pub fn id(name: &str) -> Option<u32> {
-        (LAUNCH_KERNEL..=FUNC_GET_NAME).find(|&id| self::name(id) == name)
+        (LAUNCH_KERNEL..=CTX_SYNCHRONIZE).find(|&id| self::name(id) == name)
     }
 
     /// Whether the function ends a step (the host waits for the GPU there).
     pub fn is_sync(id: u32) -> bool {
-        matches!(id, STREAM_SYNCHRONIZE | EVENT_SYNCHRONIZE)
+        matches!(id, STREAM_SYNCHRONIZE | EVENT_SYNCHRONIZE | CTX_SYNCHRONIZE)
     }
 
     /// Whether the probe also needs the function's return (to time a wait or read an output).
@@ -341,7 +343,8 @@ pub struct CudaCallRecord {
     pub header: RecordHeader,
     /// A synchronisation's entry time (else equal to `header.ts_ns`).
     pub enter_ns: u64,
-    /// The function (launch), graph (graph launch), event or stream handle.
+    /// The function (launch), graph (graph launch), event or stream handle (for
+    /// cuCtxSynchronize, which takes no argument, whatever its first register held).
     pub handle: u64,
     /// A copy's byte count.
     pub bytes: u64,

@@ -32,6 +32,7 @@ fn the_driver_stand_in_is_found_and_its_probe_sites_resolved() {
     assert_eq!(
         symbols,
         [
+            "cuCtxSynchronize",
             "cuEventRecord",
             "cuEventSynchronize",
             "cuFuncGetName",

@@ -186,6 +186,7 @@ fn check(steps: &[GpuStep], pid: u32) {
     // More distinct kernels than the table holds: the rest are counted, not lost.
     let wide = &steps[STEPS];
     assert_eq!(wide.step.launches, 20, "{}", listing[STEPS]);
+    assert_eq!(wide.step.sync_function, cuda_fn::CTX_SYNCHRONIZE);
     assert_eq!(wide.kernels.len(), infertrace_common::CUDA_STEP_KERNELS);
     assert_eq!(wide.step.other_launches, 4);
     assert!(wide.kernels.iter().all(|k| k.name.is_none()), "never named");
@@ -307,6 +308,7 @@ fn attach_writes_the_steps_and_the_cuda_metrics() {
     assert!(first["cpu_launch_span_ns"].as_u64().is_some());
     assert_eq!(steps[1]["ended_by"], "cuEventSynchronize");
     assert_eq!(steps[STEPS]["unlisted_launches"], 4);
+    assert_eq!(steps[STEPS]["ended_by"], "cuCtxSynchronize");
     assert_eq!(steps[STEPS + 1]["ended_by"], "thread exit");
 
     let metrics = lines

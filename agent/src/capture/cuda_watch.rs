@@ -99,6 +99,12 @@ impl CudaWatch {
             self.waiting.remove(&pid);
             match self.probe(pid, &driver, kernel) {
                 Ok(n) => {
+                    if self.probed == 0 {
+                        match crate::discover::gpu::describe() {
+                            Ok(gpus) => tracing::info!("CUDA: {gpus}"),
+                            Err(why) => tracing::info!("CUDA: {why}: no GPU metadata"),
+                        }
+                    }
                     self.probed += 1;
                     tracing::info!("CUDA: {n} probes on {} for pid {pid}", driver.display());
                 }

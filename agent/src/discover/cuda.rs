@@ -28,6 +28,7 @@ pub const PROBED_FUNCTIONS: &[&str] = &[
     "cuGraphLaunch",
     "cuStreamSynchronize",
     "cuEventSynchronize",
+    "cuCtxSynchronize",
     "cuEventRecord",
     "cuMemcpyDtoHAsync",
     "cuMemcpyAsync",

@@ -1,6 +1,7 @@
 //! Which processes are engines, what their fds are, and what this host can trace.
 pub mod cuda;
 pub mod engine;
+pub mod gpu;
 pub mod procfs;
 pub mod sockets;
 pub mod system;
