@@ -11,6 +11,7 @@ use crate::{
     engines::{
         gpu::GpuTimeline,
         handoff::HandoffStats,
+        iteration_gpu::IterationGpu,
         sglang::{SglangStats, SglangTrace, SglangTracker},
         vllm::{TrackerStats, VllmEvent, VllmTracker},
     },
@@ -54,6 +55,8 @@ pub struct Pipeline {
     sglang_metrics: SglangMetrics,
     /// Traced threads' CUDA steps, whatever the engine.
     gpu: GpuTimeline,
+    /// The CUDA steps of each vLLM iteration.
+    iteration_gpu: IterationGpu,
     span_options: SpanOptions,
     clock: Clock,
     ids: IdGenerator,
@@ -124,6 +127,7 @@ impl Pipeline {
                 model_name: options.spans.default_model.clone(),
             },
             gpu: GpuTimeline::default(),
+            iteration_gpu: IterationGpu::default(),
             metrics: VllmMetrics {
                 model_name: options.spans.default_model.clone(),
             },
@@ -252,8 +256,15 @@ impl Pipeline {
         let mut traces = Vec::new();
         for event in events.drain(..) {
             match event {
-                VllmEvent::Step(step) => self.metrics.step(&mut registry, &step),
-                VllmEvent::Request(trace) => {
+                VllmEvent::Step(step) => {
+                    if step.iteration {
+                        self.iteration_gpu
+                            .iteration(step.engine_index, step.timestamp);
+                    }
+                    self.metrics.step(&mut registry, &step);
+                }
+                VllmEvent::Request(mut trace) => {
+                    self.iteration_gpu.annotate(&mut trace);
                     self.metrics.request(&mut registry, &trace, &self.clock);
                     traces.push(trace);
                 }
@@ -288,6 +299,7 @@ impl Pipeline {
             let Some(step) = self.gpu.feed(event) else {
                 continue;
             };
+            self.iteration_gpu.gpu_step(&step.step);
             gpu::step(&mut self.registry.lock().expect("registry lock"), &step);
             let report = gpu::report(&step, &self.clock);
             for exporter in &mut self.exporters {

@@ -4,6 +4,7 @@
 pub mod gpu;
 pub mod handoff;
 pub mod in_flight;
+pub mod iteration_gpu;
 pub mod join;
 pub mod sglang;
 pub mod vllm;

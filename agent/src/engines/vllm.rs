@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use super::{
     handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
+    iteration_gpu::IterationLaunches,
     join::{ApiExchange, EngineRequestInfo, EngineSide, Joiner, Outcome},
 };
 use crate::decode::{
@@ -38,6 +39,8 @@ pub struct RequestStep {
     pub timestamp: f64,
     pub token_ids: Vec<u64>,
     pub logprobs: Option<Vec<f32>>,
+    /// What the iteration launched on the GPU (CPU-side), when the CUDA probes saw it.
+    pub gpu: Option<IterationLaunches>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +151,7 @@ impl EngineTimeline {
                         timestamp: event.timestamp,
                         token_ids: Vec::new(),
                         logprobs: None,
+                        gpu: None,
                     });
                 }
                 // vLLM keeps the first SCHEDULED: preemptions do not reset it.
@@ -161,6 +165,7 @@ impl EngineTimeline {
                         timestamp: event.timestamp,
                         token_ids: Vec::new(),
                         logprobs: None,
+                        gpu: None,
                     });
                 }
                 EventKind::Unknown(_) => {}
@@ -195,6 +200,7 @@ impl EngineTimeline {
             timestamp: step_ts,
             token_ids: out.new_token_ids.clone(),
             logprobs: out.logprobs.clone(),
+            gpu: None,
         });
         if let Some(reason) = out.finish_reason {
             self.finish_reason = Some(reason);
@@ -233,6 +239,8 @@ pub struct StepReport {
     /// False for a report of late-applied outputs, which is not an engine iteration.
     pub iteration: bool,
     pub engine_index: u64,
+    /// The engine's stamp of the step (CLOCK_MONOTONIC seconds).
+    pub timestamp: f64,
     /// The step reported its scheduler state (log stats on).
     pub scheduler: Option<SchedulerStats>,
     pub prompt_tokens: u64,
@@ -428,6 +436,7 @@ impl VllmTracker {
         let mut report = StepReport {
             iteration: !step.outputs.is_empty(),
             engine_index: step.engine_index,
+            timestamp: step.timestamp,
             scheduler: step.scheduler_stats,
             ..StepReport::default()
         };
@@ -986,22 +995,25 @@ mod tests {
             })
         };
         let report =
-            |iteration, scheduler, prompt_tokens, generation_tokens, preemptions| StepReport {
-                iteration,
-                engine_index: 1,
-                scheduler,
-                prompt_tokens,
-                generation_tokens,
-                preemptions,
+            |timestamp, iteration, scheduler, prompt_tokens, generation_tokens, preemptions| {
+                StepReport {
+                    iteration,
+                    engine_index: 1,
+                    timestamp,
+                    scheduler,
+                    prompt_tokens,
+                    generation_tokens,
+                    preemptions,
+                }
             };
         assert_eq!(
             step_reports(&events),
             [
-                report(true, stats(1, 1, 0.5), 5, 1, 0),
-                report(true, None, 3, 3, 0),
-                report(true, None, 0, 1, 0),
-                report(false, stats(0, 1, 0.1), 0, 0, 0),
-                report(true, None, 0, 1, 1),
+                report(10.0, true, stats(1, 1, 0.5), 5, 1, 0),
+                report(10.1, true, None, 3, 3, 0),
+                report(10.2, true, None, 0, 1, 0),
+                report(10.3, false, stats(0, 1, 0.1), 0, 0, 0),
+                report(10.4, true, None, 0, 1, 1),
             ]
         );
         let done = finish(&mut t);
@@ -1089,6 +1101,7 @@ mod tests {
         let orphan_report = |prompt_tokens| StepReport {
             iteration: false,
             engine_index: 0,
+            timestamp: 0.0,
             scheduler: None,
             prompt_tokens,
             generation_tokens: 0,

@@ -19,6 +19,7 @@ use super::{
 use crate::{
     decode::vllm::PdRole,
     engines::{
+        iteration_gpu::IterationLaunches,
         join::ApiExchange,
         vllm::{EngineTimeline, RequestTrace, StepKind, engine_side},
     },
@@ -265,6 +266,25 @@ fn detokenize_ns(outputs: &[u64], writes: &[u64]) -> Option<u64> {
     Some(total)
 }
 
+/// infertrace's own attributes (not the spec's): what the iteration asked of the GPU, measured
+/// on the CPU side by the CUDA probes. Never GPU execution time, and the names say so.
+fn gpu_attributes(a: &mut Attributes, gpu: &IterationLaunches) {
+    a.push((
+        "infertrace.cuda.kernel_launches",
+        gpu.kernel_launches.into(),
+    ));
+    a.push(("infertrace.cuda.graph_launches", gpu.graph_launches.into()));
+    a.push((
+        "infertrace.cuda.synchronizations",
+        u64::from(gpu.synchronizations).into(),
+    ));
+    push_opt(a, "infertrace.cuda.cpu_launch_ns", gpu.cpu_launch_ns);
+    a.push((
+        "infertrace.cuda.cpu_sync_wait_ns",
+        gpu.cpu_sync_wait_ns.into(),
+    ));
+}
+
 fn iteration_events(t: &EngineTimeline, clock: &Clock) -> Vec<SpanEvent> {
     t.steps
         .iter()
@@ -287,6 +307,9 @@ fn iteration_events(t: &EngineTimeline, clock: &Clock) -> Vec<SpanEvent> {
                         "gen_ai.token.logprobs",
                         AttrValue::FloatArray(lp.iter().map(|&p| f64::from(p)).collect()),
                     ));
+                }
+                if let Some(gpu) = &step.gpu {
+                    gpu_attributes(&mut a, gpu);
                 }
             }
             SpanEvent {
@@ -352,6 +375,7 @@ mod tests {
             timestamp,
             token_ids: token_ids.to_vec(),
             logprobs: None,
+            gpu: None,
         }
     }
 
@@ -563,6 +587,50 @@ mod tests {
         t.engine[0].steps_dropped = 7;
         let spans = spans_at(&t, 2);
         assert_eq!(int(&spans[1], "infertrace.events_dropped"), Some(7));
+        assert_eq!(
+            attr(1, "infertrace.cuda.kernel_launches"),
+            None,
+            "not probed"
+        );
+    }
+
+    #[test]
+    fn an_iteration_the_cuda_probes_saw_says_what_it_launched() {
+        let mut t = trace();
+        t.engine[0].steps[1].gpu = Some(IterationLaunches {
+            synchronizations: 2,
+            kernel_launches: 812,
+            graph_launches: 1,
+            cpu_launch_ns: Some(3_500_000),
+            cpu_sync_wait_ns: 9_000_000,
+        });
+        let spans = spans_at(&t, 2);
+        let prefill = &spans[1].events[1];
+        assert_eq!(prefill.name, "PREFILL");
+        let attr = |key: &str| {
+            prefill
+                .attributes
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+        };
+        for (key, value) in [
+            ("infertrace.cuda.kernel_launches", 812),
+            ("infertrace.cuda.graph_launches", 1),
+            ("infertrace.cuda.synchronizations", 2),
+            ("infertrace.cuda.cpu_launch_ns", 3_500_000),
+            ("infertrace.cuda.cpu_sync_wait_ns", 9_000_000),
+        ] {
+            assert_eq!(attr(key), Some(AttrValue::Int(value)), "{key}");
+        }
+        // The other iterations were not seen by the probes: no figures, not zeros.
+        let decode = &spans[1].events[2];
+        assert!(
+            decode
+                .attributes
+                .iter()
+                .all(|(k, _)| !k.starts_with("infertrace.cuda"))
+        );
     }
 
     #[test]

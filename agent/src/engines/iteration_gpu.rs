@@ -1,0 +1,234 @@
+//! What each engine iteration asked of the GPU: the CUDA steps (engines/gpu.rs) of the engine's
+//! processes that ended between the engine's previous iteration and this one.
+//!
+//! vLLM stamps an iteration's outputs (`EngineCoreOutputs.timestamp`, CLOCK_MONOTONIC, the
+//! clock of the kernel's timestamps too) after the model ran and its sampled tokens were copied
+//! back, which ends in a host-side synchronisation: that synchronisation, and the launches
+//! before it since the previous iteration, fall in the window (previous iteration, this one].
+//! Everything here is CPU-side (when threads called the driver, how long they waited in it).
+//!
+//! With several engines (data parallel), the GPU steps would have to be told apart by process:
+//! until that is done, iterations of a multi-engine deployment get no GPU figures (none rather
+//! than another engine's).
+use std::collections::{BTreeSet, VecDeque};
+
+use super::vllm::{RequestTrace, StepKind};
+use crate::decode::cuda::CudaStep;
+
+/// Recent iterations and GPU steps kept for the join (a request's iterations are looked up
+/// when it finishes, so this bounds how long a request can be and keep its GPU figures).
+const MAX_ITERATIONS: usize = 65_536;
+const MAX_STEPS: usize = 65_536;
+
+/// The GPU work of one iteration, CPU-side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IterationLaunches {
+    /// Host-side synchronisations that ended a CUDA step in the window.
+    pub synchronizations: u32,
+    pub kernel_launches: u64,
+    pub graph_launches: u64,
+    /// From the window's first launch call to its last.
+    pub cpu_launch_ns: Option<u64>,
+    /// Time threads waited in those synchronisations.
+    pub cpu_sync_wait_ns: u64,
+}
+
+/// One CUDA step, as much of it as the join needs.
+#[derive(Clone, Copy, Debug)]
+struct StepSummary {
+    end_ns: u64,
+    first_launch_ns: Option<u64>,
+    last_launch_ns: Option<u64>,
+    launches: u32,
+    graph_launches: u32,
+    sync_wait_ns: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+pub struct IterationGpu {
+    /// Iteration times (ns), in order.
+    iterations: VecDeque<u64>,
+    engines: BTreeSet<u64>,
+    /// CUDA steps of traced processes, by end time.
+    steps: VecDeque<StepSummary>,
+}
+
+impl IterationGpu {
+    /// An engine iteration stamped `timestamp` (engine CLOCK_MONOTONIC seconds).
+    pub fn iteration(&mut self, engine_index: u64, timestamp: f64) {
+        self.engines.insert(engine_index);
+        let ns = secs_to_ns(timestamp);
+        if self.iterations.back().is_some_and(|&last| last >= ns) {
+            return;
+        }
+        if self.iterations.len() == MAX_ITERATIONS {
+            self.iterations.pop_front();
+        }
+        self.iterations.push_back(ns);
+    }
+
+    /// A CUDA step of a traced thread (a synchronisation ended it; steps ended by a thread's
+    /// exit are not an iteration's work).
+    pub fn gpu_step(&mut self, step: &CudaStep) {
+        if step.sync_enter_ns.is_none() {
+            return;
+        }
+        let summary = StepSummary {
+            end_ns: step.end_ns,
+            first_launch_ns: step.first_launch_ns,
+            last_launch_ns: step.last_launch_ns,
+            launches: step.launches,
+            graph_launches: step.graph_launches,
+            sync_wait_ns: step.sync_wait_ns(),
+        };
+        if self.steps.len() == MAX_STEPS {
+            self.steps.pop_front();
+        }
+        // Steps of several threads arrive nearly in order: insert from the back.
+        let at = self
+            .steps
+            .iter()
+            .rposition(|s| s.end_ns <= summary.end_ns)
+            .map_or(0, |i| i + 1);
+        self.steps.insert(at, summary);
+    }
+
+    /// The GPU work of the iteration stamped `timestamp`, when it is known: a single engine,
+    /// the iteration and the one before it still kept, and GPU steps seen in between.
+    pub fn launches(&self, timestamp: f64) -> Option<IterationLaunches> {
+        if self.engines.len() != 1 {
+            return None;
+        }
+        let ns = secs_to_ns(timestamp);
+        let at = self.iterations.binary_search(&ns).ok()?;
+        let previous = *self.iterations.get(at.checked_sub(1)?)?;
+        // A full buffer whose oldest step is inside the window has dropped some of it.
+        let dropped = self.steps.len() == MAX_STEPS;
+        if dropped && self.steps.front().is_some_and(|s| s.end_ns > previous) {
+            return None;
+        }
+        let start = self.steps.partition_point(|s| s.end_ns <= previous);
+        let end = self.steps.partition_point(|s| s.end_ns <= ns);
+        let window = self.steps.range(start..end);
+        let mut out = IterationLaunches::default();
+        let (mut first, mut last) = (None::<u64>, None::<u64>);
+        for s in window {
+            out.synchronizations += 1;
+            out.kernel_launches += u64::from(s.launches);
+            out.graph_launches += u64::from(s.graph_launches);
+            out.cpu_sync_wait_ns += s.sync_wait_ns.unwrap_or(0);
+            if let Some(f) = s.first_launch_ns {
+                first = Some(first.map_or(f, |earliest| earliest.min(f)));
+            }
+            last = last.max(s.last_launch_ns);
+        }
+        if out.synchronizations == 0 {
+            return None;
+        }
+        out.cpu_launch_ns = first.zip(last).map(|(f, l)| l.saturating_sub(f));
+        Some(out)
+    }
+
+    /// Put on a finished request's prefill and decode iterations what they launched.
+    pub fn annotate(&self, trace: &mut RequestTrace) {
+        for engine in &mut trace.engine {
+            for step in &mut engine.steps {
+                if matches!(step.kind, StepKind::Prefill | StepKind::Decode) {
+                    step.gpu = self.launches(step.timestamp);
+                }
+            }
+        }
+    }
+}
+
+fn secs_to_ns(seconds: f64) -> u64 {
+    (seconds * 1e9).round().max(0.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use infertrace_common::cuda_fn;
+
+    use super::*;
+
+    fn step(first: u64, last: u64, enter: u64, end: u64, launches: u32) -> CudaStep {
+        CudaStep {
+            tgid: 1,
+            tid: 2,
+            sync_function: cuda_fn::STREAM_SYNCHRONIZE,
+            sync_enter_ns: Some(enter),
+            end_ns: end,
+            first_launch_ns: Some(first),
+            last_launch_ns: Some(last),
+            launches,
+            graph_launches: 1,
+            ..CudaStep::default()
+        }
+    }
+
+    #[test]
+    fn an_iteration_gets_the_steps_since_the_previous_one() {
+        let mut join = IterationGpu::default();
+        join.iteration(0, 1.0);
+        // Two synchronisations in the second iteration (a prepare step and the sampling).
+        join.gpu_step(&step(
+            1_100_000_000,
+            1_200_000_000,
+            1_300_000_000,
+            1_400_000_000,
+            10,
+        ));
+        join.gpu_step(&step(
+            1_500_000_000,
+            1_600_000_000,
+            1_700_000_000,
+            1_800_000_000,
+            5,
+        ));
+        join.iteration(0, 2.0);
+        join.gpu_step(&step(
+            2_100_000_000,
+            2_200_000_000,
+            2_300_000_000,
+            2_400_000_000,
+            7,
+        ));
+        join.iteration(0, 3.0);
+        assert_eq!(
+            join.launches(2.0),
+            Some(IterationLaunches {
+                synchronizations: 2,
+                kernel_launches: 15,
+                graph_launches: 2,
+                cpu_launch_ns: Some(500_000_000),
+                cpu_sync_wait_ns: 200_000_000,
+            })
+        );
+        assert_eq!(join.launches(3.0).map(|l| l.kernel_launches), Some(7));
+        // The first iteration kept has no window; an unknown one none either.
+        assert_eq!(join.launches(1.0), None);
+        assert_eq!(join.launches(2.5), None);
+        // A thread's exit is not a synchronisation.
+        let mut exit = step(3_100_000_000, 3_100_000_000, 0, 3_200_000_000, 1);
+        exit.sync_enter_ns = None;
+        join.gpu_step(&exit);
+        join.iteration(0, 4.0);
+        assert_eq!(join.launches(4.0), None);
+    }
+
+    #[test]
+    fn several_engines_get_no_figures_rather_than_each_others() {
+        let mut join = IterationGpu::default();
+        join.iteration(0, 1.0);
+        join.gpu_step(&step(
+            1_100_000_000,
+            1_200_000_000,
+            1_300_000_000,
+            1_400_000_000,
+            10,
+        ));
+        join.iteration(1, 1.5);
+        join.iteration(0, 2.0);
+        assert_eq!(join.launches(2.0), None);
+    }
+}
