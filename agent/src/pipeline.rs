@@ -199,8 +199,8 @@ impl Pipeline {
     /// when an interval has passed.
     pub fn tick(&mut self, now_ns: u64) {
         if let Some(sglang) = self.sglang.as_mut() {
-            let traces = sglang.advance(now_ns);
-            self.emit_sglang(&traces);
+            let mut traces = sglang.advance(now_ns);
+            self.emit_sglang(&mut traces);
         }
         let mut events = std::mem::take(&mut self.events);
         self.tracker.advance(now_ns, &mut events);
@@ -218,8 +218,8 @@ impl Pipeline {
     /// End of the session: report everything, a last metrics snapshot, flush the exporters.
     pub fn finish(&mut self, now_ns: u64) {
         if let Some(sglang) = self.sglang.as_mut() {
-            let traces = sglang.finish();
-            self.emit_sglang(&traces);
+            let mut traces = sglang.finish();
+            self.emit_sglang(&mut traces);
         }
         let mut events = std::mem::take(&mut self.events);
         self.tracker.finish(&mut events);
@@ -277,14 +277,17 @@ impl Pipeline {
         }
     }
 
-    fn emit_sglang(&mut self, traces: &[SglangTrace]) {
+    fn emit_sglang(&mut self, traces: &mut [SglangTrace]) {
+        for trace in traces.iter_mut() {
+            self.iteration_gpu.annotate_sglang(trace);
+        }
         let mut registry = self.registry.lock().expect("registry lock");
-        for trace in traces {
+        for trace in traces.iter() {
             self.sglang_metrics
                 .request(&mut registry, trace, &self.clock);
         }
         drop(registry);
-        for trace in traces {
+        for trace in traces.iter() {
             let spans = sglang_spans::spans(trace, &self.span_options, &self.clock, &mut self.ids);
             self.export_spans(&spans);
         }

@@ -7,12 +7,16 @@
 //! before it since the previous iteration, fall in the window (previous iteration, this one].
 //! Everything here is CPU-side (when threads called the driver, how long they waited in it).
 //!
-//! With several engines (data parallel), the GPU steps would have to be told apart by process:
-//! until that is done, iterations of a multi-engine deployment get no GPU figures (none rather
-//! than another engine's).
+//! With several vLLM engines (data parallel), the GPU steps would have to be told apart by
+//! process: until that is done, iterations of a multi-engine deployment get no GPU figures
+//! (none rather than another engine's). SGLang's batches are windows between its scheduler's
+//! consecutive outputs, and only that scheduler process's steps count.
 use std::collections::{BTreeSet, VecDeque};
 
-use super::vllm::{RequestTrace, StepKind};
+use super::{
+    sglang::SglangTrace,
+    vllm::{RequestTrace, StepKind},
+};
 use crate::decode::cuda::CudaStep;
 
 /// Recent iterations and GPU steps kept for the join (a request's iterations are looked up
@@ -36,6 +40,7 @@ pub struct IterationLaunches {
 /// One CUDA step, as much of it as the join needs.
 #[derive(Clone, Copy, Debug)]
 struct StepSummary {
+    tgid: u32,
     end_ns: u64,
     first_launch_ns: Option<u64>,
     last_launch_ns: Option<u64>,
@@ -74,6 +79,7 @@ impl IterationGpu {
             return;
         }
         let summary = StepSummary {
+            tgid: step.tgid,
             end_ns: step.end_ns,
             first_launch_ns: step.first_launch_ns,
             last_launch_ns: step.last_launch_ns,
@@ -102,14 +108,28 @@ impl IterationGpu {
         let ns = secs_to_ns(timestamp);
         let at = self.iterations.binary_search(&ns).ok()?;
         let previous = *self.iterations.get(at.checked_sub(1)?)?;
+        self.launches_between(previous, ns, None)
+    }
+
+    /// The GPU work of the steps that ended in (`from_ns`, `to_ns`], of process `tgid` or of
+    /// every traced process; None when there was none, or when part of it was dropped.
+    pub fn launches_between(
+        &self,
+        from_ns: u64,
+        to_ns: u64,
+        tgid: Option<u32>,
+    ) -> Option<IterationLaunches> {
         // A full buffer whose oldest step is inside the window has dropped some of it.
         let dropped = self.steps.len() == MAX_STEPS;
-        if dropped && self.steps.front().is_some_and(|s| s.end_ns > previous) {
+        if dropped && self.steps.front().is_some_and(|s| s.end_ns > from_ns) {
             return None;
         }
-        let start = self.steps.partition_point(|s| s.end_ns <= previous);
-        let end = self.steps.partition_point(|s| s.end_ns <= ns);
-        let window = self.steps.range(start..end);
+        let start = self.steps.partition_point(|s| s.end_ns <= from_ns);
+        let end = self.steps.partition_point(|s| s.end_ns <= to_ns);
+        let window = self
+            .steps
+            .range(start..end.max(start))
+            .filter(|s| tgid.is_none_or(|pid| s.tgid == pid));
         let mut out = IterationLaunches::default();
         let (mut first, mut last) = (None::<u64>, None::<u64>);
         for s in window {
@@ -129,7 +149,7 @@ impl IterationGpu {
         Some(out)
     }
 
-    /// Put on a finished request's prefill and decode iterations what they launched.
+    /// Put on a finished vLLM request's prefill and decode iterations what they launched.
     pub fn annotate(&self, trace: &mut RequestTrace) {
         for engine in &mut trace.engine {
             for step in &mut engine.steps {
@@ -137,6 +157,26 @@ impl IterationGpu {
                     step.gpu = self.launches(step.timestamp);
                 }
             }
+        }
+    }
+
+    /// Put on a finished SGLang request's outputs what its scheduler launched since the
+    /// output before (SGLang's scheduler runs a batch's forward pass in its own process, and
+    /// sends the batch's outputs after it; with its overlap scheduler, which CPU builds do not
+    /// run, a window would hold the next batch's launches too).
+    pub fn annotate_sglang(&self, trace: &mut SglangTrace) {
+        for engine in &mut trace.engine {
+            let Some(pid) = engine.scheduler_pid else {
+                continue;
+            };
+            engine.gpu_per_output = std::iter::once(None)
+                .chain(
+                    engine
+                        .scheduler_output_ns
+                        .windows(2)
+                        .map(|w| self.launches_between(w[0], w[1], Some(pid))),
+                )
+                .collect();
         }
     }
 }
@@ -230,5 +270,22 @@ mod tests {
         join.iteration(1, 1.5);
         join.iteration(0, 2.0);
         assert_eq!(join.launches(2.0), None);
+    }
+
+    #[test]
+    fn an_sglang_batch_counts_its_scheduler_steps_only() {
+        let mut join = IterationGpu::default();
+        let mut other = step(1_100, 1_200, 1_300, 1_400, 9);
+        other.tgid = 99;
+        join.gpu_step(&other);
+        join.gpu_step(&step(1_100, 1_200, 1_300, 1_500, 4));
+        let launched = join.launches_between(1_000, 2_000, Some(1));
+        assert_eq!(launched.map(|l| l.kernel_launches), Some(4));
+        assert_eq!(
+            join.launches_between(1_000, 2_000, None)
+                .map(|l| l.kernel_launches),
+            Some(13)
+        );
+        assert_eq!(join.launches_between(1_500, 2_000, Some(1)), None);
     }
 }

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use super::{
     handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
+    iteration_gpu::IterationLaunches,
     join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
 };
 use crate::decode::{
@@ -119,6 +120,9 @@ pub struct SglangTimeline {
     pub scheduler_recv_ns: Option<u64>,
     /// Capture times the scheduler sent each output carrying this request (first byte).
     pub scheduler_output_ns: Vec<u64>,
+    /// Per output, what the scheduler launched on the GPU since the output before (CPU-side;
+    /// filled by the pipeline when the CUDA probes saw it).
+    pub gpu_per_output: Vec<Option<IterationLaunches>>,
     /// Capture times main took over the first and the final output (see `handoff`); a
     /// request main aborted ends when the scheduler's abort output reached it.
     pub first_output_ns: Option<u64>,

@@ -8,9 +8,14 @@ use serde::Serialize;
 
 use super::{
     Clock,
+    entry_span::push_opt,
     metrics::{Kind, MetricDef, Registry},
+    span::Attributes,
 };
-use crate::engines::gpu::{GpuStep, KernelLaunches};
+use crate::engines::{
+    gpu::{GpuStep, KernelLaunches},
+    iteration_gpu::IterationLaunches,
+};
 
 /// One step as exported.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -68,6 +73,25 @@ pub fn report(gpu: &GpuStep, clock: &Clock) -> GpuStepReport {
         kernels: gpu.kernels.clone(),
         unlisted_launches: step.other_launches,
     }
+}
+
+/// infertrace's own attributes (not the spec's) on an engine iteration's event or span: what
+/// it asked of the GPU, measured on the CPU side by the CUDA probes.
+pub fn iteration_attributes(a: &mut Attributes, gpu: &IterationLaunches) {
+    a.push((
+        "infertrace.cuda.kernel_launches",
+        gpu.kernel_launches.into(),
+    ));
+    a.push(("infertrace.cuda.graph_launches", gpu.graph_launches.into()));
+    a.push((
+        "infertrace.cuda.synchronizations",
+        u64::from(gpu.synchronizations).into(),
+    ));
+    push_opt(a, "infertrace.cuda.cpu_launch_ns", gpu.cpu_launch_ns);
+    a.push((
+        "infertrace.cuda.cpu_sync_wait_ns",
+        gpu.cpu_sync_wait_ns.into(),
+    ));
 }
 
 const fn metric(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {

@@ -35,6 +35,7 @@ use std::sync::LazyLock;
 use super::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
+    gpu,
     span::{AttrValue, Attributes, IdGenerator, Span},
 };
 use crate::decode::openai::{ApiCall, Operation};
@@ -409,13 +410,11 @@ fn request_spans(
     if t.stream {
         let mut from = start;
         for (ct, &to) in steps.iter().skip(1).enumerate() {
-            b.stage(
-                "decode_loop",
-                from,
-                to,
-                decode,
-                vec![("decode_ct", (ct as i64).into())],
-            );
+            let mut attributes: Attributes = vec![("decode_ct", (ct as i64).into())];
+            if let Some(Some(launched)) = t.gpu_per_output.get(ct + 1) {
+                gpu::iteration_attributes(&mut attributes, launched);
+            }
+            b.stage("decode_loop", from, to, decode, attributes);
             from = to;
         }
     }
@@ -611,5 +610,68 @@ mod tests {
         t.aborted_by_frontend = false;
         t.finish = Some(finish("length", None));
         assert_eq!(ended_by_scheduler(&t), None);
+    }
+
+    #[test]
+    fn a_decode_loop_the_cuda_probes_saw_says_what_its_batch_launched() {
+        use crate::engines::{iteration_gpu::IterationLaunches, join::Outcome};
+        const MS: u64 = 1_000_000;
+        let launched = IterationLaunches {
+            synchronizations: 1,
+            kernel_launches: 0,
+            graph_launches: 1,
+            cpu_launch_ns: Some(0),
+            cpu_sync_wait_ns: 4 * MS,
+        };
+        let t = SglangTimeline {
+            rid: "0123456789abcdef".into(),
+            stream: true,
+            completion_tokens: Some(3),
+            frontend_pid: 10,
+            scheduler_pid: Some(11),
+            sent_ns: 100 * MS,
+            scheduler_recv_ns: Some(101 * MS),
+            scheduler_output_ns: vec![110 * MS, 120 * MS, 130 * MS],
+            gpu_per_output: vec![None, Some(launched), None],
+            first_output_ns: Some(111 * MS),
+            last_output_ns: Some(131 * MS),
+            finished_ns: Some(131 * MS),
+            ..SglangTimeline::default()
+        };
+        let trace = Outcome {
+            api: None,
+            engine: vec![t],
+        };
+        let spans = spans(
+            &trace,
+            &SpanOptions::default(),
+            &Clock {
+                realtime_minus_monotonic_ns: 0,
+            },
+            &mut IdGenerator::default(),
+        );
+        let loops: Vec<&Span> = spans.iter().filter(|s| s.name == "decode_loop").collect();
+        assert_eq!(
+            loops.len(),
+            2,
+            "{:?}",
+            spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        let get = |span: &Span, key: &str| {
+            span.attributes
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            get(loops[0], "infertrace.cuda.graph_launches"),
+            Some(1u64.into())
+        );
+        assert_eq!(
+            get(loops[0], "infertrace.cuda.cpu_sync_wait_ns"),
+            Some((4 * MS).into())
+        );
+        assert_eq!(get(loops[1], "infertrace.cuda.graph_launches"), None);
+        assert_eq!(get(loops[1], "decode_ct"), Some(1i64.into()));
     }
 }

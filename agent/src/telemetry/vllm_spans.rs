@@ -14,12 +14,12 @@
 use super::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
+    gpu,
     span::{AttrValue, Attributes, IdGenerator, Span, SpanEvent, parse_traceparent},
 };
 use crate::{
     decode::vllm::PdRole,
     engines::{
-        iteration_gpu::IterationLaunches,
         join::ApiExchange,
         vllm::{EngineTimeline, RequestTrace, StepKind, engine_side},
     },
@@ -266,25 +266,6 @@ fn detokenize_ns(outputs: &[u64], writes: &[u64]) -> Option<u64> {
     Some(total)
 }
 
-/// infertrace's own attributes (not the spec's): what the iteration asked of the GPU, measured
-/// on the CPU side by the CUDA probes. Never GPU execution time, and the names say so.
-fn gpu_attributes(a: &mut Attributes, gpu: &IterationLaunches) {
-    a.push((
-        "infertrace.cuda.kernel_launches",
-        gpu.kernel_launches.into(),
-    ));
-    a.push(("infertrace.cuda.graph_launches", gpu.graph_launches.into()));
-    a.push((
-        "infertrace.cuda.synchronizations",
-        u64::from(gpu.synchronizations).into(),
-    ));
-    push_opt(a, "infertrace.cuda.cpu_launch_ns", gpu.cpu_launch_ns);
-    a.push((
-        "infertrace.cuda.cpu_sync_wait_ns",
-        gpu.cpu_sync_wait_ns.into(),
-    ));
-}
-
 fn iteration_events(t: &EngineTimeline, clock: &Clock) -> Vec<SpanEvent> {
     t.steps
         .iter()
@@ -309,7 +290,7 @@ fn iteration_events(t: &EngineTimeline, clock: &Clock) -> Vec<SpanEvent> {
                     ));
                 }
                 if let Some(gpu) = &step.gpu {
-                    gpu_attributes(&mut a, gpu);
+                    gpu::iteration_attributes(&mut a, gpu);
                 }
             }
             SpanEvent {
@@ -596,6 +577,7 @@ mod tests {
 
     #[test]
     fn an_iteration_the_cuda_probes_saw_says_what_it_launched() {
+        use crate::engines::iteration_gpu::IterationLaunches;
         let mut t = trace();
         t.engine[0].steps[1].gpu = Some(IterationLaunches {
             synchronizations: 2,
