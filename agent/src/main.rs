@@ -11,7 +11,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use infertrace::{
-    capture::{cuda_watch::CudaOptions, kernel::KernelOptions},
+    capture::{cuda_watch::CudaOptions, kernel::KernelOptions, python_watch::PythonOptions},
     discover::engine::{self, Engine},
     doctor,
     export::{
@@ -53,6 +53,15 @@ enum Command {
         #[arg(short = 'o', long = "recording", value_name = "FILE")]
         recording: PathBuf,
     },
+    /// Sample the Python stacks of processes (and everything they fork) for a while, then print
+    /// the hottest stacks of each thread (needs root).
+    Profile {
+        #[command(flatten)]
+        capture: CaptureArgs,
+        /// Stacks listed per thread.
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+    },
     /// Decode a recording made by `record`, offline (no root needed).
     Replay {
         /// The recording.
@@ -88,6 +97,12 @@ struct CaptureArgs {
     /// How often the ring buffer is drained, in milliseconds.
     #[arg(long, default_value_t = 20)]
     poll_ms: u64,
+    /// Do not sample the Python stacks of traced Python processes.
+    #[arg(long)]
+    no_python_sampling: bool,
+    /// Python stack samples per second of a thread's CPU time.
+    #[arg(long, default_value_t = infertrace::capture::python_watch::DEFAULT_HZ, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    python_sample_hz: u64,
     /// Do not probe the CUDA driver (GPU launch and synchronisation timing).
     #[arg(long)]
     no_cuda: bool,
@@ -143,6 +158,11 @@ struct OutputArgs {
     /// Serve the metrics for Prometheus to scrape at http://ADDR/metrics (e.g. 0.0.0.0:9464).
     #[arg(long, value_name = "ADDR")]
     prometheus: Option<String>,
+    /// Write the Python stack samples so far as folded stacks (flame graph input: one
+    /// `pid;thread (tid);outer;...;inner count` line per stack) to FILE, every metrics
+    /// interval and at the end.
+    #[arg(long, value_name = "FILE")]
+    profile_output: Option<PathBuf>,
 }
 
 impl OutputArgs {
@@ -237,6 +257,7 @@ impl OutputArgs {
             metrics_interval_ns: (self.metrics_interval * 1e9) as u64,
             vllm_version: engine_version,
             engine,
+            profile_output: self.profile_output.clone(),
         };
         let registry = Arc::new(Mutex::new(Registry::default()));
         let mut exporters = self.exporters()?;
@@ -284,6 +305,10 @@ impl CaptureArgs {
                     skip_single_stepped: self.cuda_skip_single_stepped,
                     every_call: self.cuda_every_call,
                 },
+                python: PythonOptions {
+                    off: self.no_python_sampling,
+                    hz: self.python_sample_hz,
+                },
             },
             poll_interval: Duration::from_millis(self.poll_ms.clamp(1, 10_000)),
             duration,
@@ -314,8 +339,9 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Attach(args) => live(&args, None),
-        Command::Record { capture, recording } => live(&capture, Some(recording)),
+        Command::Attach(args) => live(&args, None).map(|_| ()),
+        Command::Profile { capture, top } => profile(capture, top),
+        Command::Record { capture, recording } => live(&capture, Some(recording)).map(|_| ()),
         Command::Replay { file, output } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let (header, summary, pipeline) = session::replay_pipeline(
@@ -375,7 +401,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
+/// `profile`: a live session whose output is the Python profile.
+fn profile(mut capture: CaptureArgs, top: usize) -> anyhow::Result<()> {
+    if capture.no_python_sampling {
+        anyhow::bail!("profile samples Python stacks: leave out --no-python-sampling");
+    }
+    if capture.output.outputs.is_empty() {
+        capture.output.outputs = vec!["none".into()];
+    }
+    let pipeline = live(&capture, None)?;
+    print!("{}", pipeline.profile().report(top));
+    Ok(())
+}
+
+fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<Pipeline> {
     let mut options = args.options()?;
     for &pid in &options.pids {
         if !infertrace::discover::procfs::exists(pid) {
@@ -439,7 +478,7 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<()> {
          {peak_rss_kib} KiB",
         results(&pipeline)
     );
-    Ok(())
+    Ok(pipeline)
 }
 
 /// What the pipeline made of it, for the summary line.

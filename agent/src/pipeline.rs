@@ -19,6 +19,7 @@ use crate::{
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
         metrics::Registry,
+        profile::Profile,
         sglang_metrics::SglangMetrics,
         sglang_spans,
         span::{IdGenerator, Span},
@@ -37,6 +38,9 @@ pub struct PipelineOptions {
     /// The traced engine, when discovery knows it. Only vLLM is reconstructed today: for
     /// SGLang the pipeline produces no spans (and says so) rather than misread its messages.
     pub engine: Option<Engine>,
+    /// Where to write the Python profile's folded stacks (each metrics interval, and at the
+    /// end).
+    pub profile_output: Option<std::path::PathBuf>,
 }
 
 /// What the pipeline produced.
@@ -57,6 +61,9 @@ pub struct Pipeline {
     gpu: GpuTimeline,
     /// The CUDA steps of each vLLM iteration.
     iteration_gpu: IterationGpu,
+    /// Python stack samples per thread.
+    profile: Profile,
+    profile_output: Option<std::path::PathBuf>,
     span_options: SpanOptions,
     clock: Clock,
     ids: IdGenerator,
@@ -128,6 +135,8 @@ impl Pipeline {
             },
             gpu: GpuTimeline::default(),
             iteration_gpu: IterationGpu::default(),
+            profile: Profile::default(),
+            profile_output: options.profile_output,
             metrics: VllmMetrics {
                 model_name: options.spans.default_model.clone(),
             },
@@ -176,7 +185,7 @@ impl Pipeline {
 
     /// Take a batch of decoded messages (in time order).
     pub fn handle(&mut self, batch: &[Decoded]) {
-        self.gpu_steps(batch);
+        self.gpu_and_python(batch);
         if let Some(sglang) = self.sglang.as_mut() {
             for decoded in batch {
                 sglang.feed(decoded);
@@ -212,6 +221,7 @@ impl Pipeline {
         if now_ns >= due {
             self.next_metrics_ns = Some(now_ns.saturating_add(self.metrics_interval_ns));
             self.export_metrics(now_ns);
+            self.write_profile();
         }
     }
 
@@ -228,6 +238,7 @@ impl Pipeline {
         for exporter in &mut self.exporters {
             exporter.shutdown();
         }
+        self.write_profile();
     }
 
     fn export_metrics(&mut self, now_ns: u64) {
@@ -293,11 +304,36 @@ impl Pipeline {
         }
     }
 
-    /// The batch's CUDA steps, named, to the metrics and the outputs that list steps.
-    fn gpu_steps(&mut self, batch: &[Decoded]) {
+    /// The Python stack samples so far.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// Write the profile's folded stacks where `--profile-output` says (whole, replacing the
+    /// file at once).
+    fn write_profile(&self) {
+        let Some(path) = &self.profile_output else {
+            return;
+        };
+        let partial = path.with_extension("partial");
+        let result = std::fs::write(&partial, self.profile.folded())
+            .and_then(|()| std::fs::rename(&partial, path));
+        if let Err(e) = result {
+            tracing::warn!("writing the profile to {}: {e}", path.display());
+        }
+    }
+
+    /// The batch's CUDA steps, named, to the metrics and the outputs that list steps; its
+    /// Python samples to the profile.
+    fn gpu_and_python(&mut self, batch: &[Decoded]) {
         for decoded in batch {
-            let Decoded::Cuda(event) = decoded else {
-                continue;
+            let event = match decoded {
+                Decoded::Cuda(event) => event,
+                Decoded::PySample(sample) => {
+                    self.profile.add(sample);
+                    continue;
+                }
+                _ => continue,
             };
             let Some(step) = self.gpu.feed(event) else {
                 continue;

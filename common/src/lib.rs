@@ -28,6 +28,8 @@ pub mod kind {
     pub const CUDA_CALL: u32 = 9;
     /// A driver lookup that gave a function or kernel handle its name ([`CudaNameRecord`]).
     pub const CUDA_NAME: u32 = 10;
+    /// A CPU-clock sample of a tracked thread of a Python process ([`PySampleRecord`]).
+    pub const PY_SAMPLE: u32 = 11;
 }
 
 /// The probed CUDA driver entry points (every `_v2`/`_ptsz` variant maps to its base), as
@@ -382,6 +384,95 @@ impl Default for CudaNameRecord {
     }
 }
 
+/// Frames a Python stack sample holds (deeper stacks keep their innermost frames and say
+/// they were cut).
+pub const PY_MAX_DEPTH: usize = 64;
+/// Python thread states walked to find the sampled thread's.
+pub const PY_MAX_THREADS: u32 = 64;
+/// An offset that does not apply to an interpreter version.
+pub const PY_NO_OFFSET: u32 = u32::MAX;
+
+/// Where the sampler finds a thread's frames in one CPython version (byte offsets, from the
+/// version's headers or its `_Py_DebugOffsets`; see the agent's discover/python.rs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyOffsets {
+    /// `_PyRuntimeState.interpreters.head`.
+    pub runtime_interpreters_head: u32,
+    /// `PyInterpreterState.threads.head`.
+    pub interp_threads_head: u32,
+    /// `PyThreadState.next`.
+    pub tstate_next: u32,
+    /// `PyThreadState.native_thread_id` (the kernel's thread id).
+    pub tstate_native_thread_id: u32,
+    /// `PyThreadState.cframe` (3.11, 3.12) or `.current_frame` (3.13).
+    pub tstate_frame: u32,
+    /// `_PyCFrame.current_frame`, or [`PY_NO_OFFSET`] when `tstate_frame` is the frame.
+    pub cframe_current_frame: u32,
+    /// `_PyInterpreterFrame.f_code` (3.11, 3.12) or `.f_executable` (3.13).
+    pub frame_code: u32,
+    /// `_PyInterpreterFrame.previous`.
+    pub frame_previous: u32,
+    /// `_PyInterpreterFrame.owner` (one byte).
+    pub frame_owner: u32,
+    /// The `owner` value of the interpreter's C-stack shim frames (skipped), or
+    /// [`PY_NO_OFFSET`].
+    pub owner_cstack: u32,
+}
+
+/// Value of the `PY_PROCS` map: a Python process the sampler walks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProcess {
+    /// Address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    pub offsets: PyOffsets,
+    pub _pad: u32,
+}
+
+/// An interned stack: code object addresses, innermost first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PyStack {
+    pub len: u32,
+    pub _pad: u32,
+    pub frames: [u64; PY_MAX_DEPTH],
+}
+
+impl Default for PyStack {
+    fn default() -> Self {
+        Self {
+            len: 0,
+            _pad: 0,
+            frames: [0; PY_MAX_DEPTH],
+        }
+    }
+}
+
+/// Flags of a [`PySampleRecord`].
+pub mod py_flags {
+    /// The thread has no Python thread state (a native thread: libzmq's, a pool's).
+    pub const NO_THREAD_STATE: u32 = 1;
+    /// The stack was deeper than `PY_MAX_DEPTH`: the outermost frames are missing.
+    pub const TRUNCATED: u32 = 2;
+    /// Reading the interpreter's memory failed part way: the stack is what was read before.
+    pub const READ_FAILED: u32 = 4;
+}
+
+/// PY_SAMPLE: a tracked Python process's thread was on a CPU when the sampling clock fired.
+/// `stack_id` keys the `PY_STACKS` map (0: no stack, see `flags`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PySampleRecord {
+    pub header: RecordHeader,
+    pub stack_id: u64,
+    pub depth: u32,
+    /// [`py_flags`].
+    pub flags: u32,
+    /// The thread's name (`comm`).
+    pub comm: [u8; 16],
+}
+
 /// Runtime configuration written by userspace into the `CONFIG` array (index 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -414,4 +505,6 @@ mod pod {
     unsafe impl aya::Pod for super::FdState {}
     unsafe impl aya::Pod for super::FdDecision {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::PyProcess {}
+    unsafe impl aya::Pod for super::PyStack {}
 }

@@ -110,10 +110,13 @@ fn rid<'a>(s: &SpanView<'a>) -> &'a str {
 fn dispatch_lag(their_stages: &[&SpanView], ours_scheduler_start: Option<u64>) -> Option<f64> {
     let edge = |name: &str| their_stages.iter().find(|s| s.name == name);
     let dispatched = edge("api_server_dispatch")?.end;
-    let received = [edge("request_process").map(|s| s.start), ours_scheduler_start]
-        .into_iter()
-        .flatten()
-        .min()?;
+    let received = [
+        edge("request_process").map(|s| s.start),
+        ours_scheduler_start,
+    ]
+    .into_iter()
+    .flatten()
+    .min()?;
     Some((dispatched as f64 - received as f64) / 1e9)
 }
 

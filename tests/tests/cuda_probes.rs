@@ -24,6 +24,18 @@ use infertrace_tests::{Script, Tracer, cuda, live::temp_dir};
 /// Steps the program's worker thread runs (then one of 20 distinct kernels).
 const STEPS: usize = 20;
 
+/// Build the fixtures into `dir` and start the step program, waiting for its driver load.
+fn start_step_program(dir: &std::path::Path) -> Script {
+    let fixtures = cuda::build(dir);
+    let mut command = Command::new(&fixtures.step_program);
+    command
+        .arg(&fixtures.driver)
+        .args(["steps", &STEPS.to_string()]);
+    let mut program = Script::spawn(command);
+    assert_eq!(program.read_line(), "ready");
+    program
+}
+
 /// Run the step program under the tracer; the named steps, in order, and the records the
 /// kernel side sent for them.
 fn traced_steps(every_call: bool) -> (Vec<GpuStep>, u32, usize) {
@@ -32,13 +44,7 @@ fn traced_steps(every_call: bool) -> (Vec<GpuStep>, u32, usize) {
     } else {
         "cuda-probes-steps"
     });
-    let fixtures = cuda::build(&dir);
-    let mut command = Command::new(&fixtures.step_program);
-    command
-        .arg(&fixtures.driver)
-        .args(["steps", &STEPS.to_string()]);
-    let mut program = Script::spawn(command);
-    assert_eq!(program.read_line(), "ready");
+    let mut program = start_step_program(&dir);
     let pid = program.pid();
     let options = KernelOptions {
         cuda: CudaOptions {
@@ -236,13 +242,7 @@ fn launches_are_counted_per_step_in_the_kernel_and_named() {
 #[test]
 fn attach_writes_the_steps_and_the_cuda_metrics() {
     let dir = temp_dir("cuda-probes-cli");
-    let fixtures = cuda::build(&dir);
-    let mut command = Command::new(&fixtures.step_program);
-    command
-        .arg(&fixtures.driver)
-        .args(["steps", &STEPS.to_string()]);
-    let mut program = Script::spawn(command);
-    assert_eq!(program.read_line(), "ready");
+    let mut program = start_step_program(&dir);
     let pid = program.pid().to_string();
     let out = dir.join("out.jsonl");
     let log = std::fs::File::create(dir.join("agent.log")).expect("log file");

@@ -253,6 +253,7 @@ fn replay_to_jsonl(name: &str, out: &std::path::Path, sglang_trace_level: u8) {
                     metrics_interval_ns: 10_000_000_000,
                     vllm_version: None,
                     engine: Some(Engine::Sglang),
+                    profile_output: None,
                 },
                 Clock {
                     realtime_minus_monotonic_ns: header.realtime_minus_monotonic_ns,

@@ -168,6 +168,7 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
                     metrics_interval_ns: 10_000_000_000,
                     vllm_version: Some("0.32.0+cpu".into()),
                     engine: None,
+                    profile_output: None,
                 },
                 Clock {
                     realtime_minus_monotonic_ns: header.realtime_minus_monotonic_ns,

@@ -9,13 +9,16 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        TracePoint, UProbe,
+        PerfEvent, TracePoint, UProbe,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
-use infertrace_common::{Config, FdDecision, FdKey, FdState, counter, cuda_fn, fd_action};
+use infertrace_common::{
+    Config, FdDecision, FdKey, FdState, PyProcess, PyStack, counter, cuda_fn, fd_action,
+};
 
-use super::cuda_watch::CudaOptions;
+use super::{cuda_watch::CudaOptions, python_watch::PythonOptions};
 use crate::discover::cuda::ProbeSite;
 
 /// The uprobe programs of every CUDA driver site: the entry, and the return where it matters.
@@ -64,6 +67,8 @@ pub struct KernelOptions {
     pub cap_bytes: u32,
     /// What to do with the CUDA driver of traced processes.
     pub cuda: CudaOptions,
+    /// Python stack sampling of traced processes.
+    pub python: PythonOptions,
 }
 
 impl Default for KernelOptions {
@@ -72,6 +77,7 @@ impl Default for KernelOptions {
             ring_bytes: 32 * 1024 * 1024,
             cap_bytes: infertrace_common::DEFAULT_CAP_BYTES,
             cuda: CudaOptions::default(),
+            python: PythonOptions::default(),
         }
     }
 }
@@ -100,6 +106,8 @@ pub struct KernelCapture {
     cuda_links: StdHashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
     /// Kept open: programs loaded later (the CUDA probes) refer to the map by its fd.
     _config: Array<MapData, Config>,
+    /// Python processes the sampler walks, and the stacks it interned (taken on first use).
+    python: Option<PythonMaps>,
     ring: RingBuf<MapData>,
     tracked: HashMap<MapData, u32, u8>,
     fd_class: HashMap<MapData, FdKey, FdState>,
@@ -150,6 +158,7 @@ impl KernelCapture {
             cuda_loaded: false,
             cuda_links: StdHashMap::new(),
             _config: config,
+            python: None,
             ring,
             tracked,
             fd_class,
@@ -269,6 +278,68 @@ impl KernelCapture {
             .try_into()?)
     }
 
+    /// Start sampling Python stacks: a CPU-clock perf event at `hz` on every online CPU, whose
+    /// program walks the frames of threads of the processes given to
+    /// [`KernelCapture::sample_python_process`].
+    pub fn sample_python(&mut self, hz: u64) -> anyhow::Result<()> {
+        if self.python.is_some() {
+            return Ok(());
+        }
+        let procs = HashMap::try_from(self.ebpf.take_map("PY_PROCS").context("PY_PROCS missing")?)?;
+        let stacks = HashMap::try_from(
+            self.ebpf
+                .take_map("PY_STACKS")
+                .context("PY_STACKS missing")?,
+        )?;
+        // Kept before loading: the program refers to the maps by their fds.
+        self.python = Some(PythonMaps { procs, stacks });
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut("python_sample")
+            .context("program python_sample missing from the eBPF object")?
+            .try_into()?;
+        program.load().context("verifier rejected python_sample")?;
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+        for cpu in cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(hz),
+                    false,
+                )
+                .with_context(|| format!("attaching the Python sampler to CPU {cpu}"))?;
+        }
+        Ok(())
+    }
+
+    /// Walk the Python frames of process `pid` with this layout.
+    pub fn sample_python_process(&mut self, pid: u32, process: PyProcess) -> anyhow::Result<()> {
+        let maps = self
+            .python
+            .as_mut()
+            .context("the Python sampler is not on")?;
+        maps.procs
+            .insert(pid, process, 0)
+            .with_context(|| format!("adding pid {pid} to the Python sampler"))
+    }
+
+    /// Stop walking a process's frames (it exited or replaced its program).
+    pub fn forget_python_process(&mut self, pid: u32) {
+        if let Some(maps) = self.python.as_mut() {
+            let _ = maps.procs.remove(&pid);
+        }
+    }
+
+    /// Take an interned stack out of the kernel's map (the kernel adds it again when it is
+    /// sampled again).
+    pub fn take_python_stack(&mut self, id: u64) -> Option<PyStack> {
+        let maps = self.python.as_mut()?;
+        let stack = maps.stacks.get(&id, 0).ok();
+        let _ = maps.stacks.remove(&id);
+        stack
+    }
+
     /// Hand up to `max` records from the ring buffer to `sink`, as the kernel wrote them.
     /// Returns how many were handed over.
     pub fn drain(&mut self, max: usize, mut sink: impl FnMut(&[u8])) -> usize {
@@ -304,6 +375,12 @@ impl KernelCapture {
             cuda_read_failed: sum(counter::CUDA_READ_FAILED),
         }
     }
+}
+
+/// The Python sampler's maps.
+struct PythonMaps {
+    procs: HashMap<MapData, u32, PyProcess>,
+    stacks: HashMap<MapData, u64, PyStack>,
 }
 
 /// Remove every (tgid, fd) key of one process from a map.

@@ -12,6 +12,7 @@ use super::{
     CaptureEvent, ProcessInfo, Record,
     cuda_watch::CudaWatch,
     kernel::{KernelCapture, KernelOptions},
+    python_watch::PythonWatch,
     records,
 };
 use crate::discover::{
@@ -34,6 +35,8 @@ pub struct LiveCapture {
     kernel: KernelCapture,
     /// Traced processes' CUDA drivers: found, probed, or looked for again.
     pub cuda: CudaWatch,
+    /// Traced Python processes: sampled, their stacks named.
+    pub python: PythonWatch,
     roles: Roles,
     sockets: SocketLookup,
     pub stats: LiveStats,
@@ -57,11 +60,13 @@ impl LiveCapture {
         }
         let mut kernel = KernelCapture::load(options)?;
         let mut cuda = CudaWatch::new(options.cuda);
+        let mut python = PythonWatch::start(options.python, &mut kernel);
         let mut events = Vec::new();
         for &pid in pids {
             for member in procfs::process_tree(pid) {
                 kernel.track(member)?;
                 cuda.watch(member);
+                python.watch(member, &mut kernel);
                 if let Some(info) = process_info(member) {
                     events.push(CaptureEvent::Process(info));
                 }
@@ -75,6 +80,7 @@ impl LiveCapture {
             Self {
                 kernel,
                 cuda,
+                python,
                 roles: Roles::default(),
                 sockets: SocketLookup::default(),
                 stats: LiveStats::default(),
@@ -156,6 +162,7 @@ impl LiveCapture {
                 match procfs::tgid_of(*child) {
                     Some(tgid) if tgid == *child => {
                         self.cuda.watch(*child);
+                        self.python.watch(*child, &mut self.kernel);
                         if let Some(info) = process_info(*child) {
                             out.push(CaptureEvent::Process(info));
                         }
@@ -167,6 +174,8 @@ impl LiveCapture {
                 self.roles.forget(header.tgid);
                 self.cuda.forget(header.tgid, &mut self.kernel);
                 self.cuda.watch(header.tgid);
+                self.python.forget(header.tgid, &mut self.kernel);
+                self.python.watch(header.tgid, &mut self.kernel);
                 if let Some(info) = process_info(header.tgid) {
                     out.push(CaptureEvent::Process(info));
                 }
@@ -174,6 +183,7 @@ impl LiveCapture {
             Record::Exit { header } => {
                 self.roles.forget(header.tgid);
                 self.cuda.forget(header.tgid, &mut self.kernel);
+                self.python.forget(header.tgid, &mut self.kernel);
                 self.sockets.forget(header.tgid);
                 self.kernel.forget_process(header.tgid);
             }
@@ -183,6 +193,7 @@ impl LiveCapture {
             | Record::CudaStep(_)
             | Record::CudaCall(_)
             | Record::CudaName(_) => {}
+            Record::PySample(sample) => self.python.sample(sample, &mut self.kernel, out),
         }
     }
 

@@ -4,6 +4,7 @@
 pub mod cuda_watch;
 pub mod kernel;
 pub mod live;
+pub mod python_watch;
 pub mod recording;
 pub mod records;
 
@@ -12,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub use kernel::KernelCounters;
 pub use records::Record;
 
-use crate::discover::sockets::FdKind;
+use crate::discover::{python::CodeName, sockets::FdKind};
 
 /// A process the agent traces.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +35,13 @@ pub enum CaptureEvent {
     Fd { tgid: u32, fd: u32, kind: FdKind },
     /// The kernel's loss counters, read after a drain.
     Counters(KernelCounters),
+    /// The names of a Python stack the sampler interned (innermost frame first), before the
+    /// first sample that refers to it.
+    PythonStack {
+        tgid: u32,
+        stack_id: u64,
+        frames: Vec<CodeName>,
+    },
     /// End of one batch read from the ring buffer. A record still missing after two ticks is
     /// lost: records of one syscall are written within microseconds of each other.
     Tick,

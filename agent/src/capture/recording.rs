@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{CaptureEvent, KernelCounters, ProcessInfo, records};
-use crate::discover::sockets::FdKind;
+use crate::discover::{python::CodeName, sockets::FdKind};
 
 const MAGIC: &str = "INFERTRACE-RECORDING 1";
 const TAG_KERNEL: u8 = 1;
@@ -45,9 +45,18 @@ pub struct Header {
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum MetaEvent {
     Process(ProcessInfo),
-    Fd { tgid: u32, fd: u32, kind: FdKind },
+    Fd {
+        tgid: u32,
+        fd: u32,
+        kind: FdKind,
+    },
     Counters(KernelCounters),
     Tick,
+    PythonStack {
+        tgid: u32,
+        stack_id: u64,
+        frames: Vec<CodeName>,
+    },
 }
 
 #[derive(Debug, Error)]
@@ -88,6 +97,15 @@ impl<W: Write> Writer<W> {
             },
             CaptureEvent::Counters(c) => MetaEvent::Counters(*c),
             CaptureEvent::Tick => MetaEvent::Tick,
+            CaptureEvent::PythonStack {
+                tgid,
+                stack_id,
+                frames,
+            } => MetaEvent::PythonStack {
+                tgid: *tgid,
+                stack_id: *stack_id,
+                frames: frames.clone(),
+            },
         };
         self.frame(TAG_META, &serde_json::to_vec(&meta)?)
     }
@@ -181,6 +199,15 @@ fn decode_frame(tag: u8, body: &[u8]) -> Result<CaptureEvent, String> {
                 MetaEvent::Fd { tgid, fd, kind } => CaptureEvent::Fd { tgid, fd, kind },
                 MetaEvent::Counters(c) => CaptureEvent::Counters(c),
                 MetaEvent::Tick => CaptureEvent::Tick,
+                MetaEvent::PythonStack {
+                    tgid,
+                    stack_id,
+                    frames,
+                } => CaptureEvent::PythonStack {
+                    tgid,
+                    stack_id,
+                    frames,
+                },
             })
         }
         other => Err(format!("unknown frame tag {other}")),

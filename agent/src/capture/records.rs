@@ -4,7 +4,7 @@
 //! recorded files are untrusted input to `infertrace replay`.
 use infertrace_common::{
     CudaCallRecord, CudaNameRecord, CudaStepRecord, IoRecord, NewFdRecord, PollRecord, ProcRecord,
-    RecordHeader, kind,
+    PySampleRecord, RecordHeader, kind,
 };
 use thiserror::Error;
 
@@ -49,6 +49,8 @@ pub enum Record {
     CudaCall(CudaCallRecord),
     /// A CUDA driver lookup that named a handle.
     CudaName(Box<CudaNameRecord>),
+    /// A Python thread's stack sample (its stack interned in the kernel's `PY_STACKS`).
+    PySample(PySampleRecord),
 }
 
 impl Record {
@@ -64,6 +66,7 @@ impl Record {
             Record::CudaStep(r) => &r.header,
             Record::CudaCall(r) => &r.header,
             Record::CudaName(r) => &r.header,
+            Record::PySample(r) => &r.header,
         }
     }
 }
@@ -137,6 +140,7 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
         kind::CUDA_STEP => Ok(Record::CudaStep(Box::new(read(bytes)?))),
         kind::CUDA_CALL => Ok(Record::CudaCall(read(bytes)?)),
         kind::CUDA_NAME => Ok(Record::CudaName(Box::new(read(bytes)?))),
+        kind::PY_SAMPLE => Ok(Record::PySample(read(bytes)?)),
         other => Err(RecordError::UnknownKind(other)),
     }
 }
@@ -220,6 +224,7 @@ pub fn encode(record: &Record) -> Vec<u8> {
         Record::CudaStep(r) => bytes_of(r.as_ref()),
         Record::CudaCall(r) => bytes_of(r),
         Record::CudaName(r) => bytes_of(r.as_ref()),
+        Record::PySample(r) => bytes_of(r),
     }
 }
 
@@ -337,6 +342,16 @@ mod tests {
                 len: 3,
                 ..CudaNameRecord::default()
             })),
+            Record::PySample(PySampleRecord {
+                header: RecordHeader {
+                    kind: kind::PY_SAMPLE,
+                    ..header
+                },
+                stack_id: 1 << 63 | 5,
+                depth: 3,
+                flags: 2,
+                comm: *b"VLLM::EngineCor\0",
+            }),
         ];
         for record in records {
             assert_eq!(parse(&encode(&record)).unwrap(), record);

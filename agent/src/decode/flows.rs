@@ -12,6 +12,7 @@ use infertrace_common::{IoRecord, direction, io_flags};
 use super::{
     cuda::{CudaDecoder, CudaEvent},
     http::{HttpConnection, HttpExchange},
+    python::{PySample, PythonSamples},
     zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
 };
 use crate::capture::{CaptureEvent, ProcessInfo, Record};
@@ -46,6 +47,8 @@ pub enum Decoded {
     Process(ProcessInfo),
     /// A thread's CUDA step, or a kernel's name.
     Cuda(CudaEvent),
+    /// A Python thread's stack sample.
+    PySample(Box<PySample>),
 }
 
 /// One 8-byte eventfd read or write: who signalled whom, and when.
@@ -74,7 +77,7 @@ impl Decoded {
     pub fn is_message(&self) -> bool {
         !matches!(
             self,
-            Decoded::Process(_) | Decoded::LoopWait(_) | Decoded::Cuda(_)
+            Decoded::Process(_) | Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_)
         )
     }
 
@@ -95,6 +98,7 @@ impl Decoded {
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
             // A name is needed by the steps after it: sorted first, like a process.
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
+            Decoded::PySample(sample) => sample.ns,
         }
     }
 
@@ -114,6 +118,7 @@ impl Decoded {
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
             // A name is needed by the steps after it: sorted first, like a process.
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
+            Decoded::PySample(sample) => sample.ns,
         }
     }
 }
@@ -385,6 +390,7 @@ type FlowKey = (u32, u32);
 pub struct FlowTable {
     flows: HashMap<FlowKey, Flow>,
     cuda: CudaDecoder,
+    python: PythonSamples,
     stats: FlowStats,
     clock: u64,
 }
@@ -412,6 +418,14 @@ impl FlowTable {
             }
             CaptureEvent::Kernel(Record::CudaName(r)) => {
                 out.push(Decoded::Cuda(CudaEvent::from_name(r)));
+            }
+            CaptureEvent::PythonStack {
+                tgid,
+                stack_id,
+                frames,
+            } => self.python.stack(*tgid, *stack_id, frames),
+            CaptureEvent::Kernel(Record::PySample(r)) => {
+                out.push(Decoded::PySample(Box::new(self.python.sample(r))));
             }
             CaptureEvent::Kernel(Record::CudaCall(r)) => {
                 out.extend(self.cuda.call(r).map(Decoded::Cuda));

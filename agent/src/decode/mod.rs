@@ -8,6 +8,7 @@ pub mod flows;
 pub mod http;
 pub mod openai;
 pub mod pickle;
+pub mod python;
 pub mod sglang;
 pub mod sse;
 pub mod vllm;

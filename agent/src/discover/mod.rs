@@ -3,5 +3,6 @@ pub mod cuda;
 pub mod engine;
 pub mod gpu;
 pub mod procfs;
+pub mod python;
 pub mod sockets;
 pub mod system;

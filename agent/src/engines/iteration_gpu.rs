@@ -206,33 +206,21 @@ mod tests {
         }
     }
 
+    /// A step with its times in milliseconds.
+    fn step_ms(first: u64, last: u64, enter: u64, end: u64, launches: u32) -> CudaStep {
+        const MS: u64 = 1_000_000;
+        step(first * MS, last * MS, enter * MS, end * MS, launches)
+    }
+
     #[test]
     fn an_iteration_gets_the_steps_since_the_previous_one() {
         let mut join = IterationGpu::default();
         join.iteration(0, 1.0);
         // Two synchronisations in the second iteration (a prepare step and the sampling).
-        join.gpu_step(&step(
-            1_100_000_000,
-            1_200_000_000,
-            1_300_000_000,
-            1_400_000_000,
-            10,
-        ));
-        join.gpu_step(&step(
-            1_500_000_000,
-            1_600_000_000,
-            1_700_000_000,
-            1_800_000_000,
-            5,
-        ));
+        join.gpu_step(&step_ms(1100, 1200, 1300, 1400, 10));
+        join.gpu_step(&step_ms(1500, 1600, 1700, 1800, 5));
         join.iteration(0, 2.0);
-        join.gpu_step(&step(
-            2_100_000_000,
-            2_200_000_000,
-            2_300_000_000,
-            2_400_000_000,
-            7,
-        ));
+        join.gpu_step(&step_ms(2100, 2200, 2300, 2400, 7));
         join.iteration(0, 3.0);
         assert_eq!(
             join.launches(2.0),
@@ -249,7 +237,7 @@ mod tests {
         assert_eq!(join.launches(1.0), None);
         assert_eq!(join.launches(2.5), None);
         // A thread's exit is not a synchronisation.
-        let mut exit = step(3_100_000_000, 3_100_000_000, 0, 3_200_000_000, 1);
+        let mut exit = step_ms(3100, 3100, 0, 3200, 1);
         exit.sync_enter_ns = None;
         join.gpu_step(&exit);
         join.iteration(0, 4.0);
@@ -260,13 +248,7 @@ mod tests {
     fn several_engines_get_no_figures_rather_than_each_others() {
         let mut join = IterationGpu::default();
         join.iteration(0, 1.0);
-        join.gpu_step(&step(
-            1_100_000_000,
-            1_200_000_000,
-            1_300_000_000,
-            1_400_000_000,
-            10,
-        ));
+        join.gpu_step(&step_ms(1100, 1200, 1300, 1400, 10));
         join.iteration(1, 1.5);
         join.iteration(0, 2.0);
         assert_eq!(join.launches(2.0), None);

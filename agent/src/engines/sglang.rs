@@ -283,8 +283,8 @@ impl SglangTracker {
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
             // SGLang's frontend handles an output in the task that read it: the mailbox read
             // is its instant, with no loop iteration to wait for.
-            // GPU steps go to the pipeline's timeline.
-            Decoded::LoopWait(_) | Decoded::Cuda(_) => {}
+            // GPU steps and Python samples go to the pipeline's own stages.
+            Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_) => {}
             Decoded::Process(info) => {
                 if let Some(ranks) = scheduler_ranks(&info.cmdline) {
                     self.ranks.insert(info.pid, ranks);

@@ -380,8 +380,8 @@ impl VllmTracker {
             },
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
             Decoded::LoopWait(wait) => self.handoffs.loop_waited(wait),
-            // GPU steps go to the pipeline's timeline.
-            Decoded::Process(_) | Decoded::Cuda(_) => {}
+            // GPU steps and Python samples go to the pipeline's own stages.
+            Decoded::Process(_) | Decoded::Cuda(_) | Decoded::PySample(_) => {}
         }
     }
 

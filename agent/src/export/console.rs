@@ -34,9 +34,10 @@ impl Console {
     }
 
     /// The line for one decoded item; none for a loop's epoll wait (thousands a second, and
-    /// only an input to the timing of others).
+    /// only an input to the timing of others) nor a Python stack sample (`infertrace profile`
+    /// and `--profile-output` show those).
     pub fn line(&self, decoded: &Decoded) -> Option<String> {
-        if matches!(decoded, Decoded::LoopWait(_)) {
+        if matches!(decoded, Decoded::LoopWait(_) | Decoded::PySample(_)) {
             return None;
         }
         let mut line = String::with_capacity(160);
@@ -67,7 +68,7 @@ impl Console {
                     w.tgid, w.fd, w.tid
                 );
             }
-            Decoded::LoopWait(_) => {}
+            Decoded::LoopWait(_) | Decoded::PySample(_) => {}
             Decoded::Cuda(CudaEvent::Step(step)) => {
                 let _ = write!(
                     line,

@@ -1,0 +1,196 @@
+//! Traced Python processes: their interpreter's layout handed to the kernel's sampler, and the
+//! stacks it interned named from the process's memory.
+//!
+//! The kernel sends a sample per CPU-clock tick with the hash of its stack; the first time a
+//! (process, stack) is seen here, the stack's code objects are read from the process (once per
+//! code object, cached) and a [`CaptureEvent::PythonStack`] carries the names ahead of the
+//! sample, so that recordings and every later stage need no access to the process.
+use std::collections::{HashMap, HashSet};
+
+use infertrace_common::{PyProcess, PySampleRecord};
+
+use super::{CaptureEvent, kernel::KernelCapture};
+use crate::discover::python::{self, CodeName, Memory, PythonError, PythonProcess};
+
+/// Bounds of the caches (per agent); past them a cache starts over.
+const MAX_CODE_NAMES: usize = 65_536;
+const MAX_ANNOUNCED: usize = 65_536;
+
+/// Default sampling rate: a prime, so that the clock does not beat with periodic work.
+pub const DEFAULT_HZ: u64 = 49;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PythonOptions {
+    /// Leave Python processes alone.
+    pub off: bool,
+    /// Samples per second per CPU (a thread on a CPU all the time gets this many).
+    pub hz: u64,
+}
+
+impl Default for PythonOptions {
+    fn default() -> Self {
+        Self {
+            off: false,
+            hz: DEFAULT_HZ,
+        }
+    }
+}
+
+/// What the watcher did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PythonStats {
+    /// Processes whose frames are walked.
+    pub processes: u64,
+    /// Processes with an interpreter infertrace cannot walk (version, layout).
+    pub unsupported: u64,
+    /// Stacks whose frames were gone from the kernel's map (taken already, or the map full).
+    pub unresolved_stacks: u64,
+    /// Code objects whose name could not be read.
+    pub unnamed_frames: u64,
+}
+
+pub struct PythonWatch {
+    options: PythonOptions,
+    /// False until the sampler is attached (and when it could not be).
+    sampling: bool,
+    processes: HashMap<u32, (PythonProcess, Memory)>,
+    /// (process, stack id) already named in the event stream.
+    announced: HashSet<(u32, u64)>,
+    names: HashMap<(u32, u64), CodeName>,
+    pub stats: PythonStats,
+}
+
+impl PythonWatch {
+    /// Attach the sampler (unless off). A failure is logged and leaves Python unsampled.
+    pub fn start(options: PythonOptions, kernel: &mut KernelCapture) -> Self {
+        let sampling = !options.off
+            && match kernel.sample_python(options.hz) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("Python stack sampling is off: {e:#}");
+                    false
+                }
+            };
+        Self {
+            options,
+            sampling,
+            processes: HashMap::new(),
+            announced: HashSet::new(),
+            names: HashMap::new(),
+            stats: PythonStats::default(),
+        }
+    }
+
+    /// A traced process (new, or one that replaced its program): walk it if it is Python.
+    pub fn watch(&mut self, pid: u32, kernel: &mut KernelCapture) {
+        if !self.sampling {
+            return;
+        }
+        let process = match python::discover(pid) {
+            Ok(p) => p,
+            Err(PythonError::NotPython(_)) => return,
+            Err(e) => {
+                self.stats.unsupported += 1;
+                tracing::warn!("Python sampling: {e}; its stacks are not sampled");
+                return;
+            }
+        };
+        let memory = match Memory::open(pid) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!("Python sampling: pid {pid}: opening its memory: {e}");
+                return;
+            }
+        };
+        let layout = PyProcess {
+            runtime: process.runtime,
+            offsets: process.frames,
+            _pad: 0,
+        };
+        match kernel.sample_python_process(pid, layout) {
+            Ok(()) => {
+                tracing::info!(
+                    "Python {}.{} in pid {pid}: sampling its threads at {} Hz",
+                    process.version.0,
+                    process.version.1,
+                    self.options.hz
+                );
+                self.stats.processes += 1;
+                self.processes.insert(pid, (process, memory));
+            }
+            Err(e) => tracing::warn!("Python sampling: {e:#}"),
+        }
+    }
+
+    /// A process exited or replaced its program.
+    pub fn forget(&mut self, pid: u32, kernel: &mut KernelCapture) {
+        if self.processes.remove(&pid).is_some() {
+            kernel.forget_python_process(pid);
+            self.announced.retain(|(p, _)| *p != pid);
+            self.names.retain(|(p, _), _| *p != pid);
+        }
+    }
+
+    /// A sample: name its stack if it is new (the event goes out before the sample).
+    pub fn sample(
+        &mut self,
+        record: &PySampleRecord,
+        kernel: &mut KernelCapture,
+        out: &mut Vec<CaptureEvent>,
+    ) {
+        let (tgid, id) = (record.header.tgid, record.stack_id);
+        tracing::trace!(
+            "Python sample of {tgid}/{}: stack {id:#x}, depth {}, flags {:#x}",
+            record.header.tid,
+            record.depth,
+            record.flags
+        );
+        if id == 0 {
+            return;
+        }
+        // Taken every time: a stack the kernel adds again must not linger in its map.
+        let stack = kernel.take_python_stack(id);
+        if self.announced.contains(&(tgid, id)) {
+            return;
+        }
+        let Some(stack) = stack else {
+            self.stats.unresolved_stacks += 1;
+            return;
+        };
+        let Some((process, memory)) = self.processes.get(&tgid) else {
+            return;
+        };
+        if self.names.len() >= MAX_CODE_NAMES {
+            self.names.clear();
+        }
+        let len = (stack.len as usize).min(stack.frames.len());
+        let mut frames = Vec::with_capacity(len);
+        for &code in &stack.frames[..len] {
+            let name = match self.names.get(&(tgid, code)) {
+                Some(name) => name.clone(),
+                None => {
+                    let name = memory.code_object(code, &process.code).unwrap_or_else(|| {
+                        self.stats.unnamed_frames += 1;
+                        CodeName {
+                            name: format!("<code {code:#x}>"),
+                            file: String::new(),
+                            line: 0,
+                        }
+                    });
+                    self.names.insert((tgid, code), name.clone());
+                    name
+                }
+            };
+            frames.push(name);
+        }
+        if self.announced.len() >= MAX_ANNOUNCED {
+            self.announced.clear();
+        }
+        self.announced.insert((tgid, id));
+        out.push(CaptureEvent::PythonStack {
+            tgid,
+            stack_id: id,
+            frames,
+        });
+    }
+}

@@ -1,0 +1,436 @@
+//! CPython in a process: which binary holds the interpreter (a `libpython3.X.so` or the
+//! executable itself, as Debian's statically linked python3.11), its version, where
+//! `_PyRuntime` is in the process, and the struct offsets the sampler walks frames with.
+//!
+//! Only dynamic symbols are used (`_PyRuntime` and `Py_Version` are exported by every build:
+//! extensions link against them), so builds without debug information work.
+//!
+//! The offsets come from each version's own headers (`Include/internal/pycore_*.h` and
+//! `Include/cpython/*.h`, installed with CPython): `xtask/scripts/python/offsets.c` prints them
+//! with `offsetof` when compiled against a version's headers, and the table below is its
+//! output for the release named on each row. They hold for release builds of that minor
+//! version (internal layouts do not change within one); a debug or free-threaded build differs
+//! and is refused by the version check.
+use std::{
+    os::unix::fs::FileExt as _,
+    path::{Path, PathBuf},
+};
+
+use infertrace_common::{PY_NO_OFFSET, PyOffsets};
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+/// Offsets userspace needs to name a code object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodeOffsets {
+    /// `PyCodeObject.co_qualname`, `.co_filename`, `.co_firstlineno` (int).
+    pub qualname: u32,
+    pub filename: u32,
+    pub firstlineno: u32,
+    /// `sizeof(PyASCIIObject)`, `sizeof(PyCompactUnicodeObject)`: where a compact string's
+    /// characters start, ASCII or not.
+    pub ascii_data: u32,
+    pub compact_data: u32,
+    /// `PyASCIIObject.state` (bitfield) and `.length`.
+    pub unicode_state: u32,
+    pub unicode_length: u32,
+}
+
+/// One supported CPython minor version.
+struct Layout {
+    version: (u8, u8),
+    /// The release the offsets were printed from.
+    from: &'static str,
+    frames: PyOffsets,
+    code: CodeOffsets,
+}
+
+/// `offsets.c`'s output per version (see the module docs).
+const LAYOUTS: &[Layout] = &[
+    Layout {
+        version: (3, 11),
+        from: "3.11.7",
+        frames: PyOffsets {
+            runtime_interpreters_head: 40,
+            interp_threads_head: 16,
+            tstate_next: 8,
+            tstate_native_thread_id: 160,
+            tstate_frame: 56,
+            cframe_current_frame: 8,
+            frame_code: 32,
+            frame_previous: 48,
+            frame_owner: 69,
+            // 3.11 has no C-stack shim frames.
+            owner_cstack: PY_NO_OFFSET,
+        },
+        code: CodeOffsets {
+            qualname: 128,
+            filename: 112,
+            firstlineno: 72,
+            ascii_data: 48,
+            compact_data: 72,
+            unicode_state: 32,
+            unicode_length: 16,
+        },
+    },
+    Layout {
+        version: (3, 12),
+        from: "3.12.1",
+        frames: PyOffsets {
+            runtime_interpreters_head: 40,
+            interp_threads_head: 72,
+            tstate_next: 8,
+            tstate_native_thread_id: 144,
+            tstate_frame: 56,
+            cframe_current_frame: 0,
+            frame_code: 0,
+            frame_previous: 8,
+            frame_owner: 70,
+            // FRAME_OWNED_BY_CSTACK (pycore_frame.h).
+            owner_cstack: 3,
+        },
+        code: CodeOffsets {
+            qualname: 128,
+            filename: 112,
+            firstlineno: 68,
+            ascii_data: 40,
+            compact_data: 56,
+            unicode_state: 32,
+            unicode_length: 16,
+        },
+    },
+    Layout {
+        version: (3, 13),
+        from: "3.13.0",
+        frames: PyOffsets {
+            runtime_interpreters_head: 632,
+            interp_threads_head: 7344,
+            tstate_next: 8,
+            tstate_native_thread_id: 160,
+            tstate_frame: 72,
+            cframe_current_frame: PY_NO_OFFSET,
+            frame_code: 0,
+            frame_previous: 8,
+            frame_owner: 70,
+            owner_cstack: 3,
+        },
+        code: CodeOffsets {
+            qualname: 128,
+            filename: 112,
+            firstlineno: 68,
+            ascii_data: 40,
+            compact_data: 56,
+            unicode_state: 32,
+            unicode_length: 16,
+        },
+    },
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum PythonError {
+    #[error("pid {0}: no CPython interpreter in its maps (not a Python process)")]
+    NotPython(u32),
+    #[error("reading {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("{0} is not an ELF object infertrace can read: {1}")]
+    Elf(PathBuf, object::Error),
+    #[error("{0} does not export _PyRuntime")]
+    NoRuntime(PathBuf),
+    #[error("CPython {}.{} is not supported (infertrace knows {})", .0.0, .0.1, known_versions())]
+    Unsupported((u8, u8)),
+    #[error(
+        "{0}: the interpreter's version could not be told (no Py_Version, no version in its name)"
+    )]
+    NoVersion(PathBuf),
+}
+
+fn known_versions() -> String {
+    LAYOUTS
+        .iter()
+        .map(|l| format!("{}.{}", l.version.0, l.version.1))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A Python process as the sampler needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PythonProcess {
+    pub pid: u32,
+    pub version: (u8, u8),
+    /// The binary holding the interpreter, as this process can open it.
+    pub binary: PathBuf,
+    /// Address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    pub frames: PyOffsets,
+    pub code: CodeOffsets,
+}
+
+/// The interpreter of process `pid`.
+pub fn discover(pid: u32) -> Result<PythonProcess, PythonError> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map_err(|e| PythonError::Read(format!("/proc/{pid}/maps").into(), e))?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let path = interpreter_in_maps(&maps, exe.as_deref()).ok_or(PythonError::NotPython(pid))?;
+    let binary = PathBuf::from(format!("/proc/{pid}/root{path}"));
+    let bytes = std::fs::read(&binary).map_err(|e| PythonError::Read(binary.clone(), e))?;
+    let found = runtime_symbols(&bytes).map_err(|e| PythonError::Elf(binary.clone(), e))?;
+    let is_libpython = exe.as_deref() != Some(Path::new(path));
+    let runtime = match found.runtime {
+        Some(runtime) => runtime,
+        // An executable without the interpreter: not a Python process.
+        None if !is_libpython => return Err(PythonError::NotPython(pid)),
+        None => return Err(PythonError::NoRuntime(binary.clone())),
+    };
+    let version = found
+        .version
+        .or_else(|| version_in_name(path))
+        .ok_or_else(|| PythonError::NoVersion(binary.clone()))?;
+    let layout = LAYOUTS
+        .iter()
+        .find(|l| l.version == version)
+        .ok_or(PythonError::Unsupported(version))?;
+    let base = load_base(
+        &maps,
+        path,
+        found.first_load_vaddr,
+        found.position_independent,
+    )
+    .ok_or(PythonError::NotPython(pid))?;
+    tracing::debug!(
+        "pid {pid}: CPython {}.{} in {path} (offsets of {}), _PyRuntime at {:#x}",
+        version.0,
+        version.1,
+        layout.from,
+        base + runtime
+    );
+    Ok(PythonProcess {
+        pid,
+        version,
+        binary,
+        runtime: base + runtime,
+        frames: layout.frames,
+        code: layout.code,
+    })
+}
+
+/// The file holding the interpreter: a mapped `libpython3.X.so*`, else the executable when it
+/// is mapped (a static interpreter: the caller checks that it exports `_PyRuntime`).
+fn interpreter_in_maps<'a>(maps: &'a str, exe: Option<&Path>) -> Option<&'a str> {
+    let paths = || {
+        maps.lines()
+            .filter_map(|line| line.split_whitespace().nth(5))
+    };
+    paths()
+        .find(|p| {
+            Path::new(p)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libpython3.") && n.contains(".so"))
+        })
+        .or_else(|| {
+            let exe = exe?;
+            paths().find(|p| Path::new(p) == exe)
+        })
+        .filter(|p| p.starts_with('/'))
+}
+
+/// What the interpreter's ELF says of itself.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct RuntimeSymbols {
+    /// Virtual address of `_PyRuntime` in the file.
+    runtime: Option<u64>,
+    /// `Py_Version` (3.11+): (major, minor) of PY_VERSION_HEX.
+    version: Option<(u8, u8)>,
+    first_load_vaddr: u64,
+    position_independent: bool,
+}
+
+fn runtime_symbols(elf: &[u8]) -> Result<RuntimeSymbols, object::Error> {
+    let file = object::File::parse(elf)?;
+    let mut out = RuntimeSymbols {
+        first_load_vaddr: file.segments().map(|s| s.address()).min().unwrap_or(0),
+        position_independent: file.kind() != object::ObjectKind::Executable,
+        ..RuntimeSymbols::default()
+    };
+    for symbol in file.dynamic_symbols() {
+        match symbol.name() {
+            Ok("_PyRuntime") if symbol.is_definition() => out.runtime = Some(symbol.address()),
+            Ok("Py_Version") if symbol.is_definition() => {
+                out.version = file_offset(&file, symbol.address())
+                    .and_then(|at| elf.get(at..at + 4))
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .map(|hex| ((hex >> 24) as u8, (hex >> 16) as u8));
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+fn file_offset(file: &object::File, address: u64) -> Option<usize> {
+    file.segments().find_map(|segment| {
+        let (offset, size) = segment.file_range();
+        let start = segment.address();
+        (start..start + size)
+            .contains(&address)
+            .then(|| usize::try_from(address - start + offset).ok())
+            .flatten()
+    })
+}
+
+/// `python3.11`, `libpython3.12.so.1.0` -> (3, 11), (3, 12).
+fn version_in_name(path: &str) -> Option<(u8, u8)> {
+    let name = Path::new(path).file_name()?.to_str()?;
+    let rest = &name[name.find("python3.")? + "python3.".len()..];
+    let minor: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    Some((3, minor.parse().ok()?))
+}
+
+/// Where the file's address 0 is in the process: its first mapping (file offset 0) less the
+/// first segment's page-aligned address; 0 for a non-PIE executable.
+fn load_base(maps: &str, path: &str, first_vaddr: u64, pie: bool) -> Option<u64> {
+    if !pie {
+        return Some(0);
+    }
+    maps.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let range = fields.next()?;
+        let offset = fields.nth(1)?;
+        if fields.nth(2)? != path || u64::from_str_radix(offset, 16).ok()? != 0 {
+            return None;
+        }
+        let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
+        Some(start - (first_vaddr & !0xfff))
+    })
+}
+
+/// Reads a Python process's memory to name its code objects.
+pub struct Memory {
+    file: std::fs::File,
+}
+
+impl Memory {
+    pub fn open(pid: u32) -> std::io::Result<Self> {
+        Ok(Self {
+            file: std::fs::File::open(format!("/proc/{pid}/mem"))?,
+        })
+    }
+
+    fn bytes(&self, at: u64, len: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0; len];
+        self.file.read_exact_at(&mut buf, at).ok()?;
+        Some(buf)
+    }
+
+    fn u64_at(&self, at: u64) -> Option<u64> {
+        let b = self.bytes(at, 8)?;
+        Some(u64::from_le_bytes(b.try_into().ok()?))
+    }
+
+    /// A `str` object's text (compact strings only, as code objects' names are; at most 512
+    /// characters).
+    fn string(&self, at: u64, o: &CodeOffsets) -> Option<String> {
+        let state = self.bytes(at + u64::from(o.unicode_state), 4)?;
+        let state = u32::from_le_bytes(state.try_into().ok()?);
+        let len = usize::try_from(self.u64_at(at + u64::from(o.unicode_length))?)
+            .ok()?
+            .min(512);
+        let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+        if compact == 0 {
+            return None;
+        }
+        let data = if ascii == 1 {
+            o.ascii_data
+        } else {
+            o.compact_data
+        };
+        let width = kind.clamp(1, 4) as usize;
+        let raw = self.bytes(at + u64::from(data), len * width)?;
+        Some(
+            raw.chunks(width)
+                .map(|c| {
+                    let mut v = 0u32;
+                    for (i, b) in c.iter().enumerate() {
+                        v |= u32::from(*b) << (8 * i);
+                    }
+                    char::from_u32(v).unwrap_or('\u{fffd}')
+                })
+                .collect(),
+        )
+    }
+
+    /// The qualified name, file and first line of the code object at `code`.
+    pub fn code_object(&self, code: u64, o: &CodeOffsets) -> Option<CodeName> {
+        let name = self.string(self.u64_at(code + u64::from(o.qualname))?, o)?;
+        let file = self.string(self.u64_at(code + u64::from(o.filename))?, o)?;
+        let line = self.bytes(code + u64::from(o.firstlineno), 4)?;
+        Some(CodeName {
+            name,
+            file,
+            line: i32::from_le_bytes(line.try_into().ok()?),
+        })
+    }
+}
+
+/// What names a Python function in a stack.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct CodeName {
+    pub name: String,
+    pub file: String,
+    pub line: i32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interpreter_is_libpython_or_the_executable() {
+        let maps = "\
+55d000000000-55d000001000 r--p 00000000 fd:01 1 /usr/bin/python3.11
+7f0000000000-7f0000001000 r-xp 00000000 fd:01 2 /usr/lib/x86_64-linux-gnu/libc.so.6
+";
+        assert_eq!(
+            interpreter_in_maps(maps, Some(Path::new("/usr/bin/python3.11"))),
+            Some("/usr/bin/python3.11")
+        );
+        let shared = "\
+55d000000000-55d000001000 r--p 00000000 fd:01 1 /root/.pyenv/versions/3.11.7/bin/python3.11
+7f0000000000-7f0000001000 r--p 00000000 fd:01 2 /root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0
+";
+        assert_eq!(
+            interpreter_in_maps(shared, None),
+            Some("/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0")
+        );
+        assert_eq!(interpreter_in_maps("", None), None);
+    }
+
+    #[test]
+    fn versions_in_names() {
+        assert_eq!(version_in_name("/usr/bin/python3.11"), Some((3, 11)));
+        assert_eq!(version_in_name("/x/libpython3.12.so.1.0"), Some((3, 12)));
+        assert_eq!(version_in_name("/usr/bin/python"), None);
+    }
+
+    #[test]
+    fn the_load_base_comes_from_the_first_mapping() {
+        let maps = "\
+7f0000000000-7f0000001000 r--p 00000000 fd:01 2 /lib/libpython3.11.so.1.0
+7f0000001000-7f0000002000 r-xp 00001000 fd:01 2 /lib/libpython3.11.so.1.0
+";
+        assert_eq!(
+            load_base(maps, "/lib/libpython3.11.so.1.0", 0, true),
+            Some(0x7f00_0000_0000)
+        );
+        assert_eq!(
+            load_base(maps, "/lib/libpython3.11.so.1.0", 0, false),
+            Some(0)
+        );
+        assert_eq!(load_base(maps, "/other", 0, true), None);
+    }
+
+    #[test]
+    fn every_known_version_has_offsets_and_garbage_elf_is_an_error() {
+        assert_eq!(known_versions(), "3.11, 3.12, 3.13");
+        assert!(runtime_symbols(b"not an elf").is_err());
+    }
+}

@@ -1,0 +1,199 @@
+//! Python stack samples -> where each thread spends its time: the hottest stacks per thread
+//! (`infertrace profile`) and folded stacks, the input of flame graph tools
+//! (`--profile-output`, `profile --folded`).
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+};
+
+use crate::{decode::python::PySample, discover::python::CodeName};
+
+/// Distinct stacks kept per thread; samples of further stacks are counted under one line.
+const MAX_STACKS_PER_THREAD: usize = 4096;
+/// Threads kept; samples of further threads are counted, not kept.
+const MAX_THREADS: usize = 4096;
+
+/// What one thread's samples showed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ThreadProfile {
+    pub name: String,
+    pub samples: u64,
+    /// Samples with no Python frames (a native thread, or between frames).
+    pub without_python: u64,
+    /// Samples whose stack was cut (too deep, or unreadable part way).
+    pub cut: u64,
+    /// Folded stack (outermost frame first, `;`-separated) -> samples.
+    pub stacks: HashMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// By (process, thread).
+    pub threads: BTreeMap<(u32, u32), ThreadProfile>,
+    /// Samples of threads past [`MAX_THREADS`].
+    pub dropped: u64,
+}
+
+/// `qualname (file:line)`, with `;` (the folded format's separator) replaced.
+fn frame_label(frame: &CodeName) -> String {
+    let file = frame.file.rsplit('/').next().unwrap_or(&frame.file);
+    format!("{} ({file}:{})", frame.name, frame.line).replace(';', ":")
+}
+
+/// Label of the stack's samples when they had no frames.
+const NO_PYTHON: &str = "[no Python frames]";
+/// Label of the samples of stacks past [`MAX_STACKS_PER_THREAD`].
+const OTHER_STACKS: &str = "[other stacks]";
+
+impl Profile {
+    pub fn add(&mut self, sample: &PySample) {
+        let key = (sample.tgid, sample.tid);
+        if !self.threads.contains_key(&key) && self.threads.len() >= MAX_THREADS {
+            self.dropped += 1;
+            return;
+        }
+        let thread = self.threads.entry(key).or_default();
+        thread.name.clone_from(&sample.thread);
+        thread.samples += 1;
+        thread.cut += u64::from(sample.cut);
+        let folded = if sample.stack.is_empty() {
+            thread.without_python += 1;
+            NO_PYTHON.to_string()
+        } else {
+            let labels: Vec<String> = sample.stack.iter().rev().map(frame_label).collect();
+            labels.join(";")
+        };
+        let full = thread.stacks.len() >= MAX_STACKS_PER_THREAD;
+        let slot = if full && !thread.stacks.contains_key(&folded) {
+            OTHER_STACKS.to_string()
+        } else {
+            folded
+        };
+        *thread.stacks.entry(slot).or_default() += 1;
+    }
+
+    /// Folded stacks, one line per (thread, stack): `pid;thread (tid);outer;...;inner count`.
+    pub fn folded(&self) -> String {
+        let mut out = String::new();
+        for ((pid, tid), thread) in &self.threads {
+            let mut stacks: Vec<(&String, &u64)> = thread.stacks.iter().collect();
+            stacks.sort();
+            for (stack, count) in stacks {
+                let _ = writeln!(
+                    out,
+                    "{pid};{} ({tid});{stack} {count}",
+                    thread.name.replace(';', ":")
+                );
+            }
+        }
+        out
+    }
+
+    /// The `top` hottest stacks of each thread with their share of its samples, innermost
+    /// frame first.
+    pub fn report(&self, top: usize) -> String {
+        let mut out = String::new();
+        for ((pid, tid), thread) in &self.threads {
+            let _ = writeln!(
+                out,
+                "pid {pid} thread {tid} ({}): {} samples, {} without Python frames{}",
+                thread.name,
+                thread.samples,
+                thread.without_python,
+                if thread.cut > 0 {
+                    format!(", {} cut short", thread.cut)
+                } else {
+                    String::new()
+                }
+            );
+            let mut stacks: Vec<(&String, &u64)> = thread.stacks.iter().collect();
+            stacks.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            for (stack, count) in stacks.into_iter().take(top) {
+                let share = *count as f64 * 100.0 / thread.samples.max(1) as f64;
+                let frames: Vec<&str> = stack.rsplit(';').collect();
+                let _ = writeln!(out, "  {share:5.1}%  {}", frames.join(" <- "));
+            }
+        }
+        if self.dropped > 0 {
+            let _ = writeln!(
+                out,
+                "({} samples of further threads not kept)",
+                self.dropped
+            );
+        }
+        out
+    }
+
+    /// Samples of a thread whose innermost frame is the function `name` (qualified name).
+    pub fn innermost_share(&self, thread: &ThreadProfile, name: &str) -> f64 {
+        let hits: u64 = thread
+            .stacks
+            .iter()
+            .filter(|(stack, _)| {
+                stack
+                    .rsplit(';')
+                    .next()
+                    .is_some_and(|inner| inner.starts_with(&format!("{name} (")))
+            })
+            .map(|(_, count)| count)
+            .sum();
+        hits as f64 / thread.samples.max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn sample(tid: u32, frames: &[&str]) -> PySample {
+        PySample {
+            tgid: 1,
+            tid,
+            thread: format!("t{tid}"),
+            ns: 0,
+            stack: Arc::new(
+                frames
+                    .iter()
+                    .map(|n| CodeName {
+                        name: (*n).into(),
+                        file: "/app/m.py".into(),
+                        line: 7,
+                    })
+                    .collect(),
+            ),
+            native: frames.is_empty(),
+            cut: false,
+            unknown_stack: false,
+        }
+    }
+
+    #[test]
+    fn threads_get_their_hottest_stacks_and_folded_lines() {
+        let mut p = Profile::default();
+        for _ in 0..3 {
+            p.add(&sample(2, &["hot", "main"]));
+        }
+        p.add(&sample(2, &["cold", "main"]));
+        p.add(&sample(3, &[]));
+        let folded = p.folded();
+        assert!(
+            folded.contains("1;t2 (2);main (m.py:7);hot (m.py:7) 3\n"),
+            "{folded}"
+        );
+        assert!(
+            folded.contains("1;t3 (3);[no Python frames] 1\n"),
+            "{folded}"
+        );
+        let report = p.report(1);
+        assert!(
+            report.contains(" 75.0%  hot (m.py:7) <- main (m.py:7)"),
+            "{report}"
+        );
+        assert!(!report.contains("cold"), "{report}");
+        let t2 = &p.threads[&(1, 2)];
+        assert_eq!(p.innermost_share(t2, "hot"), 0.75);
+        assert_eq!(p.threads[&(1, 3)].without_python, 1);
+    }
+}
