@@ -167,8 +167,8 @@ impl Cleanup {
     }
 }
 
-/// `infertrace attach` writing JSONL to `ours` and serving Prometheus on `prom_port`; returns
-/// once it is attached.
+/// `infertrace attach` writing JSONL to `ours`, its Python profile's folded stacks next to it
+/// ([`profile_of`]), and serving Prometheus on `prom_port`; returns once it is attached.
 pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Child {
     let agent = Command::new(infertrace_bin())
         .args([
@@ -180,6 +180,8 @@ pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Child {
             "--output",
         ])
         .arg(format!("jsonl:{}", ours.display()))
+        .arg("--profile-output")
+        .arg(profile_of(ours))
         .args(["--prometheus", &format!("127.0.0.1:{prom_port}")])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -196,6 +198,11 @@ pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Child {
     }
     std::thread::sleep(Duration::from_secs(1));
     agent
+}
+
+/// Where [`attach`] writes the folded Python stacks of a run whose JSONL goes to `ours`.
+pub fn profile_of(ours: &Path) -> PathBuf {
+    ours.with_extension("folded")
 }
 
 /// SIGTERM (which flushes everything); returns the agent's stderr.

@@ -12,7 +12,8 @@ use std::{path::Path, time::Duration};
 use infertrace::engines::join::ids_match;
 use infertrace_tests::{
     live::{
-        self, Cleanup, EngineKind, attach, free_port, get, otlp_receiver, post, stop, temp_dir,
+        self, Cleanup, EngineKind, attach, free_port, get, otlp_receiver, post, profile_of, stop,
+        temp_dir,
     },
     vllm_truth,
 };
@@ -86,8 +87,32 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
         report.failures,
         report.text
     );
+    engine_python_stacks_were_sampled(&ours);
     drop(cleanup);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The Python profile of the same run shows the engine's structure: the EngineCore process's
+/// busy loop on its main thread (named `VLLM::EngineCore` by vLLM), and the model's forward
+/// pass (in the worker process).
+fn engine_python_stacks_were_sampled(ours: &Path) {
+    let folded = std::fs::read_to_string(profile_of(ours)).expect("the folded profile");
+    let lines: Vec<&str> = folded.lines().collect();
+    let busy_loop = lines
+        .iter()
+        .filter(|l| l.contains(";VLLM::EngineCor (") && l.contains("EngineCoreProc.run_busy_loop"))
+        .count();
+    let forward = lines
+        .iter()
+        .filter(|l| l.contains("LlamaForCausalLM.forward (llama.py:"))
+        .count();
+    println!(
+        "Python profile: {} stacks, {busy_loop} in the EngineCore busy loop, {forward} in the \
+         model's forward",
+        lines.len()
+    );
+    assert!(busy_loop > 0, "no EngineCore busy loop in:\n{folded}");
+    assert!(forward > 0, "no model forward in:\n{folded}");
 }
 
 /// With `--disable-log-stats` vLLM sends no QUEUED/SCHEDULED events and no scheduler stats:
