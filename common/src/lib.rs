@@ -386,7 +386,7 @@ impl Default for CudaNameRecord {
 
 /// Frames a Python stack sample holds (deeper stacks keep their innermost frames and say
 /// they were cut).
-pub const PY_MAX_DEPTH: usize = 64;
+pub const PY_MAX_DEPTH: usize = 128;
 /// Python thread states walked to find the sampled thread's.
 pub const PY_MAX_THREADS: u32 = 64;
 /// An offset that does not apply to an interpreter version.

@@ -34,9 +34,10 @@ pub static PY_PROCS: HashMap<u32, PyProcess> = HashMap::with_max_entries(1024, 0
 #[map]
 static PY_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
 
-/// Interned stacks by hash; userspace reads them and removes those it has named.
+/// Interned stacks by hash; userspace takes each out as soon as a sample names it, so a few
+/// thousand entries hold every stack in flight.
 #[map]
-pub static PY_STACKS: HashMap<u64, PyStack> = HashMap::with_max_entries(16384, 0);
+pub static PY_STACKS: HashMap<u64, PyStack> = HashMap::with_max_entries(4096, 0);
 
 /// The stack being walked (too large for the 512-byte stack).
 #[map]

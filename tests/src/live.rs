@@ -205,6 +205,17 @@ pub fn profile_of(ours: &Path) -> PathBuf {
     ours.with_extension("folded")
 }
 
+/// Stacks of the Python profile of a run (see [`attach`]) that pass through `function` (a
+/// qualified name) on a thread named `thread` (its comm; None: any thread).
+pub fn sampled_stacks(ours: &Path, thread: Option<&str>, function: &str) -> usize {
+    let folded = std::fs::read_to_string(profile_of(ours)).expect("the folded profile");
+    folded
+        .lines()
+        .filter(|l| thread.is_none_or(|t| l.contains(&format!(";{t} ("))))
+        .filter(|l| l.contains(&format!("{function} (")))
+        .count()
+}
+
 /// SIGTERM (which flushes everything); returns the agent's stderr.
 pub fn stop(mut agent: Child) -> String {
     let term = Command::new("kill")

@@ -15,8 +15,8 @@ use std::{path::Path, process::Command, time::Duration};
 
 use infertrace_tests::{
     live::{
-        Cleanup, EngineKind, attach, free_port, get, otlp_receiver, script, stop, temp_dir,
-        workload,
+        Cleanup, EngineKind, attach, free_port, get, otlp_receiver, profile_of, sampled_stacks,
+        script, stop, temp_dir, workload,
     },
     sglang_truth,
 };
@@ -74,6 +74,19 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
         "{mode}: {:#?}\n{}\n{stderr}",
         report.failures,
         report.text
+    );
+    // The Python profile of the same run: the scheduler's event loop on its thread (SGLang
+    // names it `sglang::scheduler`, cut to 15 bytes; `run_event_loop` runs the overlap or the
+    // normal loop) and the model's forward pass in it.
+    let event_loop = sampled_stacks(&ours, Some("sglang::schedul"), "Scheduler.run_event_loop");
+    let forward = sampled_stacks(&ours, Some("sglang::schedul"), "LlamaForCausalLM.forward");
+    println!(
+        "Python profile: {event_loop} stacks in the scheduler's event loop, {forward} in the model's forward"
+    );
+    assert!(
+        event_loop > 0 && forward > 0,
+        "{}",
+        std::fs::read_to_string(profile_of(&ours)).unwrap_or_default()
     );
     drop(cleanup);
     let _ = std::fs::remove_dir_all(&dir);

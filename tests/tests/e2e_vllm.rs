@@ -12,8 +12,8 @@ use std::{path::Path, time::Duration};
 use infertrace::engines::join::ids_match;
 use infertrace_tests::{
     live::{
-        self, Cleanup, EngineKind, attach, free_port, get, otlp_receiver, post, profile_of, stop,
-        temp_dir,
+        self, Cleanup, EngineKind, attach, free_port, get, otlp_receiver, post, profile_of,
+        sampled_stacks, stop, temp_dir,
     },
     vllm_truth,
 };
@@ -93,26 +93,24 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
 }
 
 /// The Python profile of the same run shows the engine's structure: the EngineCore process's
-/// busy loop on its main thread (named `VLLM::EngineCore` by vLLM), and the model's forward
-/// pass (in the worker process).
+/// busy loop on its main thread (named `VLLM::EngineCore` by vLLM, cut to 15 bytes), and the
+/// model's forward pass (in the worker process).
 fn engine_python_stacks_were_sampled(ours: &Path) {
-    let folded = std::fs::read_to_string(profile_of(ours)).expect("the folded profile");
-    let lines: Vec<&str> = folded.lines().collect();
-    let busy_loop = lines
-        .iter()
-        .filter(|l| l.contains(";VLLM::EngineCor (") && l.contains("EngineCoreProc.run_busy_loop"))
-        .count();
-    let forward = lines
-        .iter()
-        .filter(|l| l.contains("LlamaForCausalLM.forward (llama.py:"))
-        .count();
-    println!(
-        "Python profile: {} stacks, {busy_loop} in the EngineCore busy loop, {forward} in the \
-         model's forward",
-        lines.len()
+    let busy_loop = sampled_stacks(
+        ours,
+        Some("VLLM::EngineCor"),
+        "EngineCoreProc.run_busy_loop",
     );
-    assert!(busy_loop > 0, "no EngineCore busy loop in:\n{folded}");
-    assert!(forward > 0, "no model forward in:\n{folded}");
+    let forward = sampled_stacks(ours, None, "LlamaForCausalLM.forward");
+    println!(
+        "Python profile: {busy_loop} stacks in the EngineCore busy loop, {forward} in the model's \
+         forward"
+    );
+    assert!(
+        busy_loop > 0 && forward > 0,
+        "{}",
+        std::fs::read_to_string(profile_of(ours)).unwrap_or_default()
+    );
 }
 
 /// With `--disable-log-stats` vLLM sends no QUEUED/SCHEDULED events and no scheduler stats:

@@ -162,8 +162,9 @@ impl IterationGpu {
 
     /// Put on a finished SGLang request's outputs what its scheduler launched since the
     /// output before (SGLang's scheduler runs a batch's forward pass in its own process, and
-    /// sends the batch's outputs after it; with its overlap scheduler, which CPU builds do not
-    /// run, a window would hold the next batch's launches too).
+    /// sends the batch's outputs after it; its overlap scheduler, the default, launches the
+    /// next batch before it sends this one's outputs, so a window then holds that batch's
+    /// launches rather than this one's).
     pub fn annotate_sglang(&self, trace: &mut SglangTrace) {
         for engine in &mut trace.engine {
             let Some(pid) = engine.scheduler_pid else {
