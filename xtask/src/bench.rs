@@ -269,3 +269,76 @@ pub fn number_before(text: &str, suffix: &str) -> Option<f64> {
     let end = text.find(suffix)?;
     text[..end].rsplit([' ', '(']).next()?.parse().ok()
 }
+
+/// Run a load program that prints "ready", waits for "go" on stdin and prints one result
+/// line; with `traced` = (agent, extra args), under `infertrace attach --pid` once the agent's
+/// log says `armed` (its probes or sampler are on the program). Returns the result line and the
+/// agent's log (its summary has its CPU time and record counts).
+pub fn run_traced(
+    mut command: Command,
+    traced: Option<(&Path, &[&str])>,
+    armed: &str,
+) -> anyhow::Result<(String, Option<String>)> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the load program")?;
+    let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
+    let mut line = String::new();
+    stdout.read_line(&mut line)?;
+    if line.trim() != "ready" {
+        bail!("the load program printed {line:?}");
+    }
+    let pid = child.id().to_string();
+    let mut agent = None;
+    if let Some((agent_path, args)) = traced {
+        let mut process = Command::new(agent_path)
+            .args(["attach", "--pid", &pid, "--output", "none"])
+            .args(args)
+            .env("INFERTRACE_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        // Collect the agent's log; say when it is armed.
+        let stderr = process.stderr.take().context("agent stderr")?;
+        let (armed_tx, armed_rx) = std::sync::mpsc::channel();
+        let marker = armed.to_owned();
+        let log = thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains(&marker) {
+                    let _ = armed_tx.send(());
+                }
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        if armed_rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            let _ = process.kill();
+            bail!(
+                "the agent never said {armed:?}:\n{}",
+                log.join().unwrap_or_default()
+            );
+        }
+        agent = Some((process, log));
+    }
+    let mut stdin = child.stdin.take().context("stdin")?;
+    writeln!(stdin, "go")?;
+    line.clear();
+    stdout.read_line(&mut line)?;
+    drop(stdin);
+    child.wait()?;
+    let Some((mut process, log)) = agent else {
+        return Ok((line, None));
+    };
+    // The agent stops by itself once the traced process has exited.
+    let status = process.wait()?;
+    let log = log.join().unwrap_or_default();
+    if !status.success() {
+        bail!("agent failed: {log}");
+    }
+    Ok((line, Some(log)))
+}

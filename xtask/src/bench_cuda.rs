@@ -7,19 +7,12 @@
 //! under `infertrace attach --cuda-every-call` (a record per call), alternating, medians.
 //! Printed: the added time per probed launch and per step, and the ring-buffer records per
 //! step in both modes (from the agent's summary).
-use std::{
-    io::{BufRead, BufReader, Write},
-    path::Path,
-    process::{Command, Stdio},
-    sync::mpsc,
-    thread,
-    time::Duration,
-};
+use std::{path::Path, process::Command};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
 use crate::{
-    bench::{fmt, median, number_before},
+    bench::{fmt, median, number_before, run_traced},
     root, run,
 };
 
@@ -111,80 +104,24 @@ fn step_run(
     driver: &Path,
     traced: Option<(&Path, &[&str])>,
 ) -> anyhow::Result<Run> {
-    let mut child = Command::new(program)
-        .arg(driver)
-        .args(["bench", &LAUNCHES.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", program.display()))?;
-    let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
-    let mut line = String::new();
-    stdout.read_line(&mut line)?;
-    if line.trim() != "ready" {
-        bail!("step program printed {line:?}");
-    }
-    let pid = child.id().to_string();
-    let mut agent = None;
-    if let Some((agent_path, args)) = traced {
-        let mut process = Command::new(agent_path)
-            .args(["attach", "--pid", &pid, "--output", "none"])
-            .args(args)
-            .env("INFERTRACE_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        // Collect the agent's log; say when the driver is probed.
-        let stderr = process.stderr.take().context("agent stderr")?;
-        let (probed_tx, probed_rx) = mpsc::channel();
-        let log = thread::spawn(move || {
-            let mut all = String::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("probes on") {
-                    let _ = probed_tx.send(());
-                }
-                all.push_str(&line);
-                all.push('\n');
-            }
-            all
-        });
-        if probed_rx.recv_timeout(Duration::from_secs(30)).is_err() {
-            let _ = process.kill();
-            bail!(
-                "the agent never probed the driver:\n{}",
-                log.join().unwrap()
-            );
-        }
-        agent = Some((process, log));
-    }
-    let mut stdin = child.stdin.take().context("stdin")?;
-    writeln!(stdin, "go")?;
-    line.clear();
-    stdout.read_line(&mut line)?;
-    drop(stdin);
-    child.wait()?;
+    let mut command = Command::new(program);
+    command.arg(driver).args(["bench", &LAUNCHES.to_string()]);
+    let (line, log) = run_traced(command, traced, "probes on")?;
     let field = |name: &str| -> anyhow::Result<f64> {
         line.split_whitespace()
             .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
             .with_context(|| format!("{name} missing from {line:?}"))
     };
-    let mut result = Run {
+    let agent = |suffix: &str| {
+        log.as_deref()
+            .and_then(|log| number_before(log, suffix))
+            .unwrap_or(f64::NAN)
+    };
+    Ok(Run {
         launch_ns: field("launch_ns")?,
         step_ns: field("step_ns")?,
         steps: field("steps")?,
-        cuda_records: f64::NAN,
-        agent_cpu_s: f64::NAN,
-    };
-    if let Some((mut process, log)) = agent {
-        // The agent stops by itself once the traced process has exited.
-        let status = process.wait()?;
-        let log = log.join().unwrap_or_default();
-        if !status.success() {
-            bail!("agent failed: {log}");
-        }
-        result.cuda_records = number_before(&log, " CUDA records").unwrap_or(f64::NAN);
-        result.agent_cpu_s = number_before(&log, " s of CPU").unwrap_or(f64::NAN);
-    }
-    Ok(result)
+        cuda_records: agent(" CUDA records"),
+        agent_cpu_s: agent(" s of CPU"),
+    })
 }

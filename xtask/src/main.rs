@@ -13,6 +13,7 @@
 mod bench;
 mod bench_cuda;
 mod bench_engine;
+mod bench_python;
 mod demo;
 mod ebpf;
 mod engine;
@@ -63,6 +64,9 @@ enum Task {
     /// CUDA launch probes: added cost per probed launch and records per step, with the driver
     /// stand-in (needs root).
     BenchCuda,
+    /// Python stack sampling: slowdown of a CPU-bound Python loop, agent CPU per sample
+    /// (needs root).
+    BenchPython,
     /// Overhead on the real vLLM: `vllm bench serve` with and without the agent (needs root).
     BenchVllm {
         #[command(flatten)]
@@ -152,6 +156,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test { skip_fuzz } => test::test(skip_fuzz),
         Task::BenchCapture => bench::bench_capture(),
         Task::BenchCuda => bench_cuda::bench_cuda(),
+        Task::BenchPython => bench_python::bench_python(),
         Task::BenchVllm { options } => bench_engine::bench(Engine::Vllm, &options.options()),
         Task::BenchSglang { options } => bench_engine::bench(Engine::Sglang, &options.options()),
         Task::BenchLoad { count, size } => bench::bench_load(count, size),
