@@ -117,3 +117,51 @@ fn hot_functions_are_named_on_every_interpreter_here() {
         check(python);
     }
 }
+
+/// What `infertrace record` keeps of the samples is enough for `replay --profile-output` to
+/// write the same profile offline, without the process.
+#[test]
+fn a_recording_replays_into_the_profile() {
+    let mut command = Command::new(pyenv_python("3.11").expect("pyenv's CPython 3.11"));
+    command.arg(fixture("python/hot_threads.py"));
+    let mut program = Script::spawn(command);
+    assert_eq!(program.read_line(), "ready");
+    let pid = program.pid().to_string();
+    let dir = infertrace_tests::live::temp_dir("python-record");
+    let recording = dir.join("run.rec");
+    let agent = infertrace_tests::infertrace_bin();
+    let recorded = Command::new(agent)
+        .args([
+            "record",
+            "--pid",
+            &pid,
+            "--duration",
+            "3",
+            "--output",
+            "none",
+            "-o",
+        ])
+        .arg(&recording)
+        .output()
+        .expect("infertrace record");
+    assert!(recorded.status.success(), "{recorded:?}");
+    let _ = program.child.kill();
+    let _ = program.child.wait();
+    let folded = dir.join("run.folded");
+    let replayed = Command::new(agent)
+        .args(["replay", "--output", "none", "--profile-output"])
+        .arg(&folded)
+        .arg(&recording)
+        .output()
+        .expect("infertrace replay");
+    assert!(replayed.status.success(), "{replayed:?}");
+    let text = std::fs::read_to_string(&folded).expect("the folded profile");
+    let main_hot: u64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with(&format!("{pid};")) && l.contains(";main_hot (hot_threads.py:11) ")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(main_hot > 50, "{text}");
+}

@@ -5,6 +5,7 @@ pub mod api_metrics;
 pub mod entry_span;
 pub mod gpu;
 pub mod metrics;
+pub mod phases;
 pub mod profile;
 pub mod sglang_metrics;
 pub mod sglang_spans;

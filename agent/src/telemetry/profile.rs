@@ -6,6 +6,7 @@ use std::{
     fmt::Write as _,
 };
 
+use super::phases::{Phase, phase_of};
 use crate::{decode::python::PySample, discover::python::CodeName};
 
 /// Distinct stacks kept per thread; samples of further stacks are counted under one line.
@@ -24,6 +25,8 @@ pub struct ThreadProfile {
     pub cut: u64,
     /// Folded stack (outermost frame first, `;`-separated) -> samples.
     pub stacks: HashMap<String, u64>,
+    /// Samples per engine phase (telemetry/phases.rs); the rest are `other` or `native`.
+    pub phases: BTreeMap<Phase, u64>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -56,6 +59,9 @@ impl Profile {
         thread.name.clone_from(&sample.thread);
         thread.samples += 1;
         thread.cut += u64::from(sample.cut);
+        if let Some(phase) = phase_of(&sample.stack) {
+            *thread.phases.entry(phase).or_default() += 1;
+        }
         let folded = if sample.stack.is_empty() {
             thread.without_python += 1;
             NO_PYTHON.to_string()
@@ -106,6 +112,20 @@ impl Profile {
                     String::new()
                 }
             );
+            if !thread.phases.is_empty() {
+                let shares: Vec<String> = thread
+                    .phases
+                    .iter()
+                    .map(|(phase, n)| {
+                        format!(
+                            "{} {:.1}%",
+                            phase.name(),
+                            *n as f64 * 100.0 / thread.samples.max(1) as f64
+                        )
+                    })
+                    .collect();
+                let _ = writeln!(out, "  phases: {}", shares.join(", "));
+            }
             let mut stacks: Vec<(&String, &u64)> = thread.stacks.iter().collect();
             stacks.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
             for (stack, count) in stacks.into_iter().take(top) {
@@ -177,6 +197,15 @@ mod tests {
         }
         p.add(&sample(2, &["cold", "main"]));
         p.add(&sample(3, &[]));
+        p.add(&sample(
+            4,
+            &["LlamaModel.forward", "GPUModelRunner.execute_model"],
+        ));
+        assert_eq!(
+            p.threads[&(1, 4)].phases.get(&Phase::ModelExecution),
+            Some(&1)
+        );
+        assert!(p.report(1).contains("  phases: model execution 100.0%"));
         let folded = p.folded();
         assert!(
             folded.contains("1;t2 (2);main (m.py:7);hot (m.py:7) 3\n"),
