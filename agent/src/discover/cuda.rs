@@ -151,7 +151,7 @@ fn probed_function(name: &str) -> Option<&'static str> {
 }
 
 /// The file offset of virtual address `address`, through the loadable segment holding it.
-fn file_offset(file: &object::File, address: u64) -> Option<u64> {
+pub(crate) fn file_offset(file: &object::File, address: u64) -> Option<u64> {
     file.segments().find_map(|segment| {
         let (offset, size) = segment.file_range();
         let start = segment.address();

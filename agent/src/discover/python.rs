@@ -19,6 +19,8 @@ use std::{
 use infertrace_common::{PY_NO_OFFSET, PyOffsets};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
+use super::cuda::file_offset;
+
 /// Offsets userspace needs to name a code object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CodeOffsets {
@@ -43,6 +45,17 @@ struct Layout {
     frames: PyOffsets,
     code: CodeOffsets,
 }
+
+/// Code and string offsets of 3.12 and 3.13 (`PyASCIIObject` lost its `wstr` in 3.12).
+const CODE_SINCE_3_12: CodeOffsets = CodeOffsets {
+    qualname: 128,
+    filename: 112,
+    firstlineno: 68,
+    ascii_data: 40,
+    compact_data: 56,
+    unicode_state: 32,
+    unicode_length: 16,
+};
 
 /// `offsets.c`'s output per version (see the module docs).
 const LAYOUTS: &[Layout] = &[
@@ -88,15 +101,7 @@ const LAYOUTS: &[Layout] = &[
             // FRAME_OWNED_BY_CSTACK (pycore_frame.h).
             owner_cstack: 3,
         },
-        code: CodeOffsets {
-            qualname: 128,
-            filename: 112,
-            firstlineno: 68,
-            ascii_data: 40,
-            compact_data: 56,
-            unicode_state: 32,
-            unicode_length: 16,
-        },
+        code: CODE_SINCE_3_12,
     },
     Layout {
         version: (3, 13),
@@ -113,15 +118,7 @@ const LAYOUTS: &[Layout] = &[
             frame_owner: 70,
             owner_cstack: 3,
         },
-        code: CodeOffsets {
-            qualname: 128,
-            filename: 112,
-            firstlineno: 68,
-            ascii_data: 40,
-            compact_data: 56,
-            unicode_state: 32,
-            unicode_length: 16,
-        },
+        code: CODE_SINCE_3_12,
     },
 ];
 
@@ -256,6 +253,7 @@ fn runtime_symbols(elf: &[u8]) -> Result<RuntimeSymbols, object::Error> {
             Ok("_PyRuntime") if symbol.is_definition() => out.runtime = Some(symbol.address()),
             Ok("Py_Version") if symbol.is_definition() => {
                 out.version = file_offset(&file, symbol.address())
+                    .and_then(|at| usize::try_from(at).ok())
                     .and_then(|at| elf.get(at..at + 4))
                     .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                     .map(|hex| ((hex >> 24) as u8, (hex >> 16) as u8));
@@ -264,17 +262,6 @@ fn runtime_symbols(elf: &[u8]) -> Result<RuntimeSymbols, object::Error> {
         }
     }
     Ok(out)
-}
-
-fn file_offset(file: &object::File, address: u64) -> Option<usize> {
-    file.segments().find_map(|segment| {
-        let (offset, size) = segment.file_range();
-        let start = segment.address();
-        (start..start + size)
-            .contains(&address)
-            .then(|| usize::try_from(address - start + offset).ok())
-            .flatten()
-    })
 }
 
 /// `python3.11`, `libpython3.12.so.1.0` -> (3, 11), (3, 12).
