@@ -14,6 +14,7 @@ use std::{
 use infertrace::{
     capture::{kernel::KernelOptions, python_watch::PythonOptions},
     decode::flows::Decoded,
+    discover::python,
     telemetry::profile::Profile,
 };
 use infertrace_tests::{Script, Tracer, fixture};
@@ -54,6 +55,16 @@ fn check(python: &Path) {
         python: PythonOptions { off: false, hz: HZ },
         ..KernelOptions::default()
     };
+    // 3.13 publishes its offsets: they are the ones used, and equal what its headers say.
+    let found = python::discover(pid).expect("a Python process");
+    if found.version >= (3, 13) {
+        assert_eq!(found.offsets_from, python::PUBLISHED);
+        assert_eq!(
+            Some((found.frames, found.code)),
+            python::table_layout(found.version),
+            "the table agrees with what the interpreter publishes"
+        );
+    }
     let mut tracer = Tracer::attach_with(&[pid], &options);
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {

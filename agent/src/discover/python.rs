@@ -9,8 +9,9 @@
 //! `Include/cpython/*.h`, installed with CPython): `xtask/scripts/python/offsets.c` prints them
 //! with `offsetof` when compiled against a version's headers, and the table below is its
 //! output for the release named on each row. They hold for release builds of that minor
-//! version (internal layouts do not change within one); a debug or free-threaded build differs
-//! and is refused by the version check.
+//! version (internal layouts do not change within one). From 3.13 on, the interpreter
+//! publishes its own offsets in `_Py_DebugOffsets` at the start of `_PyRuntime`: those are read
+//! from the process and preferred, the table being the fallback.
 use std::{
     os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
@@ -148,6 +149,91 @@ fn known_versions() -> String {
         .join(", ")
 }
 
+/// Where 3.13's `_Py_DebugOffsets` (at the start of `_PyRuntime`) holds each offset the
+/// sampler needs (`offsets.c` prints them against 3.13's headers). Each field there is a u64.
+struct DebugPositions {
+    interpreters_head: u64,
+    threads_head: u64,
+    tstate_next: u64,
+    current_frame: u64,
+    native_thread_id: u64,
+    frame_previous: u64,
+    frame_executable: u64,
+    frame_owner: u64,
+    code_filename: u64,
+    code_qualname: u64,
+    code_firstlineno: u64,
+    unicode_state: u64,
+    unicode_length: u64,
+    ascii_size: u64,
+}
+
+const DEBUG_OFFSETS_3_13: DebugPositions = DebugPositions {
+    interpreters_head: 40,
+    threads_head: 72,
+    tstate_next: 168,
+    current_frame: 184,
+    native_thread_id: 200,
+    frame_previous: 232,
+    frame_executable: 240,
+    frame_owner: 264,
+    code_filename: 280,
+    code_qualname: 296,
+    code_firstlineno: 312,
+    unicode_state: 544,
+    unicode_length: 552,
+    ascii_size: 560,
+};
+
+/// The layout the running 3.13 interpreter publishes, when its `_Py_DebugOffsets` reads back
+/// with the right cookie and version.
+fn layout_from_debug_offsets(
+    memory: &Memory,
+    runtime: u64,
+    version: (u8, u8),
+) -> Option<(PyOffsets, CodeOffsets)> {
+    if version != (3, 13) || memory.bytes(runtime, 8)? != b"xdebugpy" {
+        return None;
+    }
+    let hex = memory.u64_at(runtime + 8)?;
+    if ((hex >> 24) as u8, (hex >> 16) as u8) != version {
+        return None;
+    }
+    let p = &DEBUG_OFFSETS_3_13;
+    let at = |position: u64| -> Option<u32> {
+        u32::try_from(memory.u64_at(runtime + position)?).ok()
+    };
+    let ascii_data = at(p.ascii_size)?;
+    Some((
+        PyOffsets {
+            runtime_interpreters_head: at(p.interpreters_head)?,
+            interp_threads_head: at(p.threads_head)?,
+            tstate_next: at(p.tstate_next)?,
+            tstate_native_thread_id: at(p.native_thread_id)?,
+            tstate_frame: at(p.current_frame)?,
+            cframe_current_frame: PY_NO_OFFSET,
+            frame_code: at(p.frame_executable)?,
+            frame_previous: at(p.frame_previous)?,
+            frame_owner: at(p.frame_owner)?,
+            // FRAME_OWNED_BY_CSTACK: a constant, not an offset (pycore_frame.h).
+            owner_cstack: 3,
+        },
+        CodeOffsets {
+            qualname: at(p.code_qualname)?,
+            filename: at(p.code_filename)?,
+            firstlineno: at(p.code_firstlineno)?,
+            ascii_data,
+            // PyCompactUnicodeObject is PyASCIIObject plus utf8_length and utf8.
+            compact_data: ascii_data + 16,
+            unicode_state: at(p.unicode_state)?,
+            unicode_length: at(p.unicode_length)?,
+        },
+    ))
+}
+
+/// [`PythonProcess::offsets_from`] when the interpreter published its offsets.
+pub const PUBLISHED: &str = "_Py_DebugOffsets";
+
 /// A Python process as the sampler needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PythonProcess {
@@ -159,6 +245,17 @@ pub struct PythonProcess {
     pub runtime: u64,
     pub frames: PyOffsets,
     pub code: CodeOffsets,
+    /// Where the offsets come from: the interpreter's `_Py_DebugOffsets`, or the table row
+    /// (the release it was printed from).
+    pub offsets_from: &'static str,
+}
+
+/// The table's offsets for a version (the fallback when the interpreter publishes none).
+pub fn table_layout(version: (u8, u8)) -> Option<(PyOffsets, CodeOffsets)> {
+    LAYOUTS
+        .iter()
+        .find(|l| l.version == version)
+        .map(|l| (l.frames, l.code))
 }
 
 /// The interpreter of process `pid`.
@@ -192,20 +289,27 @@ pub fn discover(pid: u32) -> Result<PythonProcess, PythonError> {
         found.position_independent,
     )
     .ok_or(PythonError::NotPython(pid))?;
+    let runtime = base + runtime;
+    let published = Memory::open(pid)
+        .ok()
+        .and_then(|memory| layout_from_debug_offsets(&memory, runtime, version));
+    let (frames, code, from) = match published {
+        Some((frames, code)) => (frames, code, PUBLISHED),
+        None => (layout.frames, layout.code, layout.from),
+    };
     tracing::debug!(
-        "pid {pid}: CPython {}.{} in {path} (offsets of {}), _PyRuntime at {:#x}",
+        "pid {pid}: CPython {}.{} in {path} (offsets of {from}), _PyRuntime at {runtime:#x}",
         version.0,
         version.1,
-        layout.from,
-        base + runtime
     );
     Ok(PythonProcess {
         pid,
         version,
         binary,
-        runtime: base + runtime,
-        frames: layout.frames,
-        code: layout.code,
+        runtime,
+        frames,
+        code,
+        offsets_from: from,
     })
 }
 
@@ -302,13 +406,13 @@ impl Memory {
         })
     }
 
-    fn bytes(&self, at: u64, len: usize) -> Option<Vec<u8>> {
+    pub fn bytes(&self, at: u64, len: usize) -> Option<Vec<u8>> {
         let mut buf = vec![0; len];
         self.file.read_exact_at(&mut buf, at).ok()?;
         Some(buf)
     }
 
-    fn u64_at(&self, at: u64) -> Option<u64> {
+    pub fn u64_at(&self, at: u64) -> Option<u64> {
         let b = self.bytes(at, 8)?;
         Some(u64::from_le_bytes(b.try_into().ok()?))
     }

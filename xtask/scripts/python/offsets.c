@@ -41,5 +41,23 @@ int main(void) {
     printf("unicode.state=%zu\n", offsetof(PyASCIIObject, state));
     printf("unicode.length=%zu\n", offsetof(PyASCIIObject, length));
     printf("object.type=%zu\n", offsetof(PyObject, ob_type));
+#if PY_VERSION_HEX >= 0x030D0000
+    /* Where _Py_DebugOffsets (at the start of _PyRuntime) holds the offsets above. */
+#define DEBUG(f) printf("debug." #f "=%zu\n", offsetof(_Py_DebugOffsets, f))
+    DEBUG(runtime_state.interpreters_head);
+    DEBUG(interpreter_state.threads_head);
+    DEBUG(thread_state.next);
+    DEBUG(thread_state.current_frame);
+    DEBUG(thread_state.native_thread_id);
+    DEBUG(interpreter_frame.previous);
+    DEBUG(interpreter_frame.executable);
+    DEBUG(interpreter_frame.owner);
+    DEBUG(code_object.filename);
+    DEBUG(code_object.qualname);
+    DEBUG(code_object.firstlineno);
+    DEBUG(unicode_object.state);
+    DEBUG(unicode_object.length);
+    DEBUG(unicode_object.asciiobject_size);
+#endif
     return 0;
 }
