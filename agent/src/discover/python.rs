@@ -200,9 +200,8 @@ fn layout_from_debug_offsets(
         return None;
     }
     let p = &DEBUG_OFFSETS_3_13;
-    let at = |position: u64| -> Option<u32> {
-        u32::try_from(memory.u64_at(runtime + position)?).ok()
-    };
+    let at =
+        |position: u64| -> Option<u32> { u32::try_from(memory.u64_at(runtime + position)?).ok() };
     let ascii_data = at(p.ascii_size)?;
     Some((
         PyOffsets {
