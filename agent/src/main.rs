@@ -23,7 +23,7 @@ use infertrace::{
     },
     pipeline::{Pipeline, PipelineOptions},
     session::{self, LiveOptions},
-    telemetry::{Clock, SpanOptions, agent_metrics, gpu, metrics::Registry, vllm_metrics},
+    telemetry::{Clock, SpanOptions, agent_metrics, gpu, metrics::Registry, phases, vllm_metrics},
 };
 
 /// Zero-code tracing for vLLM and SGLang: attach with eBPF to a running inference server and
@@ -276,6 +276,7 @@ impl OutputArgs {
                     &vllm_metrics::ALL[..],
                     &agent_metrics::ALL[..],
                     &gpu::ALL[..],
+                    &[&phases::PYTHON_SAMPLES],
                 ]
                 .concat(),
             )?));

@@ -19,6 +19,7 @@ use crate::{
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
         metrics::Registry,
+        phases,
         profile::Profile,
         sglang_metrics::SglangMetrics,
         sglang_spans,
@@ -331,6 +332,7 @@ impl Pipeline {
                 Decoded::Cuda(event) => event,
                 Decoded::PySample(sample) => {
                     self.profile.add(sample);
+                    phases::count(&mut self.registry.lock().expect("registry lock"), sample);
                     continue;
                 }
                 _ => continue,

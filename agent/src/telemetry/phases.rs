@@ -8,7 +8,8 @@
 //! them; each row says where, checked against the installed sources of vLLM 0.32.0
 //! (`vllm/...`) and SGLang 0.5.23 (`sglang/srt/...`). A version that renames one of them shows
 //! its samples under `other` rather than under a wrong phase.
-use crate::discover::python::CodeName;
+use super::metrics::{Kind, MetricDef, Registry};
+use crate::{decode::python::PySample, discover::python::CodeName};
 
 /// Engine phases, as users of the engines talk about an iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -96,6 +97,30 @@ const WELL_KNOWN: &[(&str, Phase)] = &[
     ),
 ];
 
+pub const PYTHON_SAMPLES: MetricDef = MetricDef {
+    name: "infertrace_python_samples_total",
+    kind: Kind::Counter,
+    unit: "Count",
+    description: "Python stack samples of traced threads (CPU time at the sampling rate), by \
+                  process, thread name and engine phase (`other`: no well-known function on \
+                  the stack; `native`: no Python frames).",
+};
+
+/// Count one sample under its process, thread name and phase.
+pub fn count(r: &mut Registry, sample: &PySample) {
+    let phase = if sample.stack.is_empty() {
+        "native"
+    } else {
+        phase_of(&sample.stack).map_or("other", Phase::name)
+    };
+    let dims = vec![
+        ("pid", sample.tgid.to_string()),
+        ("thread", sample.thread.clone()),
+        ("phase", phase.to_string()),
+    ];
+    r.add(&PYTHON_SAMPLES, dims, 1.0);
+}
+
 /// The phase of a stack (innermost frame first).
 pub fn phase_of(stack: &[CodeName]) -> Option<Phase> {
     stack.iter().find_map(|frame| {
@@ -138,5 +163,39 @@ mod tests {
         assert_eq!(phase_of(&stack(&["EngineCore.step"])), None);
         assert_eq!(phase_of(&[]), None);
         assert_eq!(Phase::ModelExecution.name(), "model execution");
+    }
+
+    #[test]
+    fn samples_are_counted_by_thread_and_phase() {
+        let sample = |frames: &[&str]| PySample {
+            tgid: 5,
+            tid: 6,
+            thread: "VLLM::EngineCor".into(),
+            ns: 0,
+            stack: std::sync::Arc::new(stack(frames)),
+            native: frames.is_empty(),
+            cut: false,
+            unknown_stack: false,
+        };
+        let mut r = Registry::default();
+        count(
+            &mut r,
+            &sample(&["LlamaModel.forward", "GPUModelRunner.execute_model"]),
+        );
+        count(&mut r, &sample(&["EngineCore.step"]));
+        count(&mut r, &sample(&[]));
+        let get = |phase| {
+            r.value(
+                "infertrace_python_samples_total",
+                &[
+                    ("pid", "5"),
+                    ("thread", "VLLM::EngineCor"),
+                    ("phase", phase),
+                ],
+            )
+        };
+        assert_eq!(get("model execution"), Some(1.0));
+        assert_eq!(get("other"), Some(1.0));
+        assert_eq!(get("native"), Some(1.0));
     }
 }
