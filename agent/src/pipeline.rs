@@ -331,8 +331,12 @@ impl Pipeline {
             let event = match decoded {
                 Decoded::Cuda(event) => event,
                 Decoded::PySample(sample) => {
-                    self.profile.add(sample);
-                    phases::count(&mut self.registry.lock().expect("registry lock"), sample);
+                    let phase = self.profile.add(sample);
+                    phases::count(
+                        &mut self.registry.lock().expect("registry lock"),
+                        sample,
+                        phase,
+                    );
                     continue;
                 }
                 _ => continue,

@@ -18,6 +18,7 @@ use crate::{
         CaptureEvent, KernelCounters, Record,
         kernel::KernelOptions,
         live::LiveCapture,
+        python_watch::PythonStats,
         recording::{Header, Reader, Writer},
     },
     decode::flows::{Decoded, FlowStats, FlowTable},
@@ -54,6 +55,8 @@ pub struct Summary {
     pub bad_records: u64,
     /// Fds closed before /proc could say what they were (decoded by content).
     pub vanished_fds: u64,
+    /// What the Python sampler could and could not do (live sessions).
+    pub python: PythonStats,
 }
 
 impl Summary {
@@ -102,7 +105,17 @@ impl std::fmt::Display for Summary {
             self.bad_records,
             self.vanished_fds,
             s.ignored_bytes
-        )
+        )?;
+        let p = &self.python;
+        if p.processes + p.unsupported > 0 {
+            write!(
+                f,
+                "; Python: {} processes sampled, {} not supported, {} stacks unresolved, {} \
+                 frames unnamed",
+                p.processes, p.unsupported, p.unresolved_stacks, p.unnamed_frames
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -254,6 +267,7 @@ pub async fn run_live(
     summary.flows = flows.stats();
     summary.bad_records = live.stats.bad_records;
     summary.vanished_fds = live.stats.vanished_fds;
+    summary.python = live.python.stats;
     Ok(summary)
 }
 

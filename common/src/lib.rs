@@ -134,13 +134,10 @@ pub mod counter {
     pub const CAPTURED_SYSCALLS: u32 = 4;
     /// Tracked-process or fd-class map updates that failed because a map was full.
     pub const MAP_FULL: u32 = 5;
-    /// CUDA kernel launches counted in a step's `other_launches` because its per-kernel
-    /// table was full.
-    pub const CUDA_UNTABLED_LAUNCHES: u32 = 6;
     /// Reads of a driver call's output (handle or name) that failed: the name is not known.
-    pub const CUDA_READ_FAILED: u32 = 7;
+    pub const CUDA_READ_FAILED: u32 = 6;
     /// Number of counters.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 7;
 }
 
 /// Payload bytes per ring-buffer record; larger syscalls are split into continuation records.

@@ -101,7 +101,6 @@ fn count_kernel(step: &mut CudaStepRecord, function: u64) {
         }
     }
     step.other_launches += 1;
-    count(counter::CUDA_UNTABLED_LAUNCHES, 1);
 }
 
 /// One call that does not end a step, counted in the thread's step.

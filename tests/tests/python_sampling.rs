@@ -56,7 +56,8 @@ fn check(python: &Path) {
         ..KernelOptions::default()
     };
     // 3.13 publishes its offsets: they are the ones used, and equal what its headers say.
-    let found = python::discover(pid).expect("a Python process");
+    let found =
+        python::discover(pid, &mut python::BinaryCache::default()).expect("a Python process");
     if found.version >= (3, 13) {
         assert_eq!(found.offsets_from, python::PUBLISHED);
         assert_eq!(

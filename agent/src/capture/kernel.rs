@@ -93,7 +93,6 @@ pub struct KernelCounters {
     pub read_failed: u64,
     pub captured_syscalls: u64,
     pub map_full: u64,
-    pub cuda_untabled_launches: u64,
     pub cuda_read_failed: u64,
 }
 
@@ -371,7 +370,6 @@ impl KernelCapture {
             read_failed: sum(counter::READ_FAILED),
             captured_syscalls: sum(counter::CAPTURED_SYSCALLS),
             map_full: sum(counter::MAP_FULL),
-            cuda_untabled_launches: sum(counter::CUDA_UNTABLED_LAUNCHES),
             cuda_read_failed: sum(counter::CUDA_READ_FAILED),
         }
     }

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use infertrace_common::{PyProcess, PySampleRecord};
 
 use super::{CaptureEvent, kernel::KernelCapture};
-use crate::discover::python::{self, CodeName, Memory, PythonError, PythonProcess};
+use crate::discover::python::{self, BinaryCache, CodeName, Memory, PythonError, PythonProcess};
 
 /// Bounds of the caches (per agent); past them a cache starts over.
 const MAX_CODE_NAMES: usize = 65_536;
@@ -54,6 +54,8 @@ pub struct PythonWatch {
     /// False until the sampler is attached (and when it could not be).
     sampling: bool,
     processes: HashMap<u32, (PythonProcess, Memory)>,
+    /// What each traced process's binaries said of their interpreter.
+    binaries: BinaryCache,
     /// (process, stack id) already named in the event stream.
     announced: HashSet<(u32, u64)>,
     names: HashMap<(u32, u64), CodeName>,
@@ -75,6 +77,7 @@ impl PythonWatch {
             options,
             sampling,
             processes: HashMap::new(),
+            binaries: BinaryCache::default(),
             announced: HashSet::new(),
             names: HashMap::new(),
             stats: PythonStats::default(),
@@ -86,7 +89,7 @@ impl PythonWatch {
         if !self.sampling {
             return;
         }
-        let process = match python::discover(pid) {
+        let process = match python::discover(pid, &mut self.binaries) {
             Ok(p) => p,
             Err(PythonError::NotPython(_)) => return,
             Err(e) => {

@@ -13,7 +13,8 @@
 //! publishes its own offsets in `_Py_DebugOffsets` at the start of `_PyRuntime`: those are read
 //! from the process and preferred, the table being the fallback.
 use std::{
-    os::unix::fs::FileExt as _,
+    collections::HashMap,
+    os::unix::fs::{FileExt as _, MetadataExt as _},
     path::{Path, PathBuf},
 };
 
@@ -257,15 +258,42 @@ pub fn table_layout(version: (u8, u8)) -> Option<(PyOffsets, CodeOffsets)> {
         .map(|l| (l.frames, l.code))
 }
 
-/// The interpreter of process `pid`.
-pub fn discover(pid: u32) -> Result<PythonProcess, PythonError> {
+/// Binaries seen most: past it the cache starts over.
+const MAX_BINARIES: usize = 1024;
+
+/// What each binary file (device, inode) says of its interpreter, read once: every process of
+/// an engine maps the same libpython or executable, and a process that is not Python at all is
+/// told by its executable, which need not be read and parsed again at each fork or exec.
+#[derive(Debug, Default)]
+pub struct BinaryCache {
+    symbols: HashMap<(u64, u64), RuntimeSymbols>,
+}
+
+impl BinaryCache {
+    fn symbols_of(&mut self, binary: &Path) -> Result<RuntimeSymbols, PythonError> {
+        let meta = std::fs::metadata(binary).map_err(|e| PythonError::Read(binary.into(), e))?;
+        let key = (meta.dev(), meta.ino());
+        if let Some(found) = self.symbols.get(&key) {
+            return Ok(*found);
+        }
+        let bytes = std::fs::read(binary).map_err(|e| PythonError::Read(binary.into(), e))?;
+        let found = runtime_symbols(&bytes).map_err(|e| PythonError::Elf(binary.into(), e))?;
+        if self.symbols.len() >= MAX_BINARIES {
+            self.symbols.clear();
+        }
+        self.symbols.insert(key, found);
+        Ok(found)
+    }
+}
+
+/// The interpreter of process `pid`; `binaries` keeps what its files said.
+pub fn discover(pid: u32, binaries: &mut BinaryCache) -> Result<PythonProcess, PythonError> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map_err(|e| PythonError::Read(format!("/proc/{pid}/maps").into(), e))?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
     let path = interpreter_in_maps(&maps, exe.as_deref()).ok_or(PythonError::NotPython(pid))?;
     let binary = PathBuf::from(format!("/proc/{pid}/root{path}"));
-    let bytes = std::fs::read(&binary).map_err(|e| PythonError::Read(binary.clone(), e))?;
-    let found = runtime_symbols(&bytes).map_err(|e| PythonError::Elf(binary.clone(), e))?;
+    let found = binaries.symbols_of(&binary)?;
     let is_libpython = exe.as_deref() != Some(Path::new(path));
     let runtime = match found.runtime {
         Some(runtime) => runtime,
@@ -334,7 +362,7 @@ fn interpreter_in_maps<'a>(maps: &'a str, exe: Option<&Path>) -> Option<&'a str>
 }
 
 /// What the interpreter's ELF says of itself.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct RuntimeSymbols {
     /// Virtual address of `_PyRuntime` in the file.
     runtime: Option<u64>,

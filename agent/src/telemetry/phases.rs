@@ -106,12 +106,12 @@ pub const PYTHON_SAMPLES: MetricDef = MetricDef {
                   the stack; `native`: no Python frames).",
 };
 
-/// Count one sample under its process, thread name and phase.
-pub fn count(r: &mut Registry, sample: &PySample) {
+/// Count one sample under its process, thread name and phase (`phase_of` its stack).
+pub fn count(r: &mut Registry, sample: &PySample, phase: Option<Phase>) {
     let phase = if sample.stack.is_empty() {
         "native"
     } else {
-        phase_of(&sample.stack).map_or("other", Phase::name)
+        phase.map_or("other", Phase::name)
     };
     let dims = vec![
         ("pid", sample.tgid.to_string()),
@@ -178,12 +178,14 @@ mod tests {
             unknown_stack: false,
         };
         let mut r = Registry::default();
-        count(
-            &mut r,
-            &sample(&["LlamaModel.forward", "GPUModelRunner.execute_model"]),
-        );
-        count(&mut r, &sample(&["EngineCore.step"]));
-        count(&mut r, &sample(&[]));
+        for frames in [
+            &["LlamaModel.forward", "GPUModelRunner.execute_model"][..],
+            &["EngineCore.step"],
+            &[],
+        ] {
+            let s = sample(frames);
+            count(&mut r, &s, phase_of(&s.stack));
+        }
         let get = |phase| {
             r.value(
                 "infertrace_python_samples_total",

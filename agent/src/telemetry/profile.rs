@@ -49,17 +49,19 @@ const NO_PYTHON: &str = "[no Python frames]";
 const OTHER_STACKS: &str = "[other stacks]";
 
 impl Profile {
-    pub fn add(&mut self, sample: &PySample) {
+    /// Count a sample; returns its engine phase (for the caller's metrics).
+    pub fn add(&mut self, sample: &PySample) -> Option<Phase> {
+        let phase = phase_of(&sample.stack);
         let key = (sample.tgid, sample.tid);
         if !self.threads.contains_key(&key) && self.threads.len() >= MAX_THREADS {
             self.dropped += 1;
-            return;
+            return phase;
         }
         let thread = self.threads.entry(key).or_default();
         thread.name.clone_from(&sample.thread);
         thread.samples += 1;
         thread.cut += u64::from(sample.cut);
-        if let Some(phase) = phase_of(&sample.stack) {
+        if let Some(phase) = phase {
             *thread.phases.entry(phase).or_default() += 1;
         }
         let folded = if sample.stack.is_empty() {
@@ -76,6 +78,7 @@ impl Profile {
             folded
         };
         *thread.stacks.entry(slot).or_default() += 1;
+        phase
     }
 
     /// Folded stacks, one line per (thread, stack): `pid;thread (tid);outer;...;inner count`.
