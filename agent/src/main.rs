@@ -23,7 +23,9 @@ use infertrace::{
     },
     pipeline::{Pipeline, PipelineOptions},
     session::{self, LiveOptions},
-    telemetry::{Clock, SpanOptions, agent_metrics, gpu, metrics::Registry, phases, vllm_metrics},
+    telemetry::{
+        Clock, SpanOptions, agent_metrics, gpu, metrics::Registry, python_samples, vllm_metrics,
+    },
 };
 
 /// Zero-code tracing for vLLM and SGLang: attach with eBPF to a running inference server and
@@ -276,7 +278,7 @@ impl OutputArgs {
                     &vllm_metrics::ALL[..],
                     &agent_metrics::ALL[..],
                     &gpu::ALL[..],
-                    &[&phases::PYTHON_SAMPLES],
+                    &[&python_samples::PYTHON_SAMPLES],
                 ]
                 .concat(),
             )?));

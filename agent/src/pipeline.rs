@@ -11,7 +11,7 @@ use crate::{
     engines::{
         gpu::GpuTimeline,
         handoff::HandoffStats,
-        iteration_gpu::IterationGpu,
+        iteration_work::IterationWork,
         sglang::{SglangStats, SglangTrace, SglangTracker},
         vllm::{TrackerStats, VllmEvent, VllmTracker},
     },
@@ -19,8 +19,8 @@ use crate::{
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
         metrics::Registry,
-        phases,
         profile::Profile,
+        python_samples,
         sglang_metrics::SglangMetrics,
         sglang_spans,
         span::{IdGenerator, Span},
@@ -61,7 +61,7 @@ pub struct Pipeline {
     /// Traced threads' CUDA steps, whatever the engine.
     gpu: GpuTimeline,
     /// The CUDA steps of each vLLM iteration.
-    iteration_gpu: IterationGpu,
+    iteration_work: IterationWork,
     /// Python stack samples per thread.
     profile: Profile,
     profile_output: Option<std::path::PathBuf>,
@@ -135,7 +135,7 @@ impl Pipeline {
                 model_name: options.spans.default_model.clone(),
             },
             gpu: GpuTimeline::default(),
-            iteration_gpu: IterationGpu::default(),
+            iteration_work: IterationWork::default(),
             profile: Profile::default(),
             profile_output: options.profile_output,
             metrics: VllmMetrics {
@@ -270,13 +270,16 @@ impl Pipeline {
             match event {
                 VllmEvent::Step(step) => {
                     if step.iteration {
-                        self.iteration_gpu
-                            .iteration(step.engine_index, step.timestamp);
+                        self.iteration_work.iteration(
+                            step.engine_index,
+                            step.timestamp,
+                            step.frontend,
+                        );
                     }
                     self.metrics.step(&mut registry, &step);
                 }
                 VllmEvent::Request(mut trace) => {
-                    self.iteration_gpu.annotate(&mut trace);
+                    self.iteration_work.annotate(&mut trace);
                     self.metrics.request(&mut registry, &trace, &self.clock);
                     traces.push(trace);
                 }
@@ -291,7 +294,7 @@ impl Pipeline {
 
     fn emit_sglang(&mut self, traces: &mut [SglangTrace]) {
         for trace in traces.iter_mut() {
-            self.iteration_gpu.annotate_sglang(trace);
+            self.iteration_work.annotate_sglang(trace);
         }
         let mut registry = self.registry.lock().expect("registry lock");
         for trace in traces.iter() {
@@ -325,18 +328,20 @@ impl Pipeline {
     }
 
     /// The batch's CUDA steps, named, to the metrics and the outputs that list steps; its
-    /// Python samples to the profile.
+    /// Python samples to the profile and the metrics; both to the iterations they fall in.
     fn gpu_and_python(&mut self, batch: &[Decoded]) {
         for decoded in batch {
             let event = match decoded {
                 Decoded::Cuda(event) => event,
                 Decoded::PySample(sample) => {
-                    let phase = self.profile.add(sample);
-                    phases::count(
+                    let kind = self.profile.add(sample);
+                    python_samples::count(
                         &mut self.registry.lock().expect("registry lock"),
                         sample,
-                        phase,
+                        kind,
                     );
+                    self.iteration_work
+                        .python_sample(sample.ns, sample.tgid, kind);
                     continue;
                 }
                 _ => continue,
@@ -344,7 +349,7 @@ impl Pipeline {
             let Some(step) = self.gpu.feed(event) else {
                 continue;
             };
-            self.iteration_gpu.gpu_step(&step.step);
+            self.iteration_work.gpu_step(&step.step);
             gpu::step(&mut self.registry.lock().expect("registry lock"), &step);
             let report = gpu::report(&step, &self.clock);
             for exporter in &mut self.exporters {

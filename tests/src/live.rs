@@ -170,6 +170,11 @@ impl Cleanup {
 /// `infertrace attach` writing JSONL to `ours`, its Python profile's folded stacks next to it
 /// ([`profile_of`]), and serving Prometheus on `prom_port`; returns once it is attached.
 pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Child {
+    attach_with(pid, ours, prom_port, &[])
+}
+
+/// [`attach`] with `extra` arguments.
+pub fn attach_with(pid: &str, ours: &Path, prom_port: u16, extra: &[&str]) -> Child {
     let agent = Command::new(infertrace_bin())
         .args([
             "attach",
@@ -183,6 +188,7 @@ pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Child {
         .arg("--profile-output")
         .arg(profile_of(ours))
         .args(["--prometheus", &format!("127.0.0.1:{prom_port}")])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -214,6 +220,46 @@ pub fn sampled_stacks(ours: &Path, thread: Option<&str>, function: &str) -> usiz
         .filter(|l| thread.is_none_or(|t| l.contains(&format!(";{t} ("))))
         .filter(|l| l.contains(&format!("{function} (")))
         .count()
+}
+
+/// The Python samples that infertrace put on engine iterations (vLLM's iteration events,
+/// SGLang's decode_loop spans): how many iterations carry some, and the total of each
+/// `infertrace.python.samples*` attribute.
+pub fn iteration_samples(ours: &Path) -> (usize, std::collections::BTreeMap<String, u64>) {
+    let mut totals = std::collections::BTreeMap::new();
+    let mut iterations = 0;
+    let text = std::fs::read_to_string(ours).expect("infertrace's JSONL output");
+    for line in text.lines() {
+        let Ok(span) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let events = span["events"].as_array().into_iter().flatten();
+        let attribute_sets = std::iter::once(&span["attributes"])
+            .chain(events.map(|e| &e["attributes"]))
+            .filter_map(serde_json::Value::as_object);
+        for attributes in attribute_sets {
+            let mut sampled = false;
+            for (key, value) in attributes {
+                if key.starts_with("infertrace.python.samples") {
+                    sampled = true;
+                    *totals.entry(key.clone()).or_default() += value.as_u64().unwrap_or(0);
+                }
+            }
+            iterations += usize::from(sampled);
+        }
+    }
+    (iterations, totals)
+}
+
+/// The labels (`name [role]`) of the threads in the run's Python profile that carry a role.
+pub fn thread_roles(ours: &Path) -> std::collections::BTreeSet<String> {
+    let folded = std::fs::read_to_string(profile_of(ours)).expect("the folded profile");
+    folded
+        .lines()
+        .filter_map(|l| l.split(';').nth(1))
+        .filter(|label| label.contains(" ["))
+        .map(|label| label.rsplit_once(" (").map_or(label, |(l, _)| l).to_owned())
+        .collect()
 }
 
 /// SIGTERM (which flushes everything); returns the agent's stderr.
@@ -253,6 +299,20 @@ pub fn workload(port: u16, client: &Path, extra: &[&str]) {
     assert!(status.success(), "workload.py failed");
 }
 
+/// One client record (workload.py's `--out`) listing the requests of several runs.
+pub fn merge_client_records(parts: &[PathBuf], out: &Path) {
+    let mut requests = Vec::new();
+    for part in parts {
+        let text = std::fs::read_to_string(part).expect("reading a client record");
+        let mut record: serde_json::Value = serde_json::from_str(&text).expect("client JSON");
+        if let Some(r) = record["requests"].as_array_mut() {
+            requests.append(r);
+        }
+    }
+    let merged = serde_json::json!({ "requests": requests });
+    std::fs::write(out, merged.to_string()).expect("writing the client record");
+}
+
 /// A per-process scratch directory.
 pub fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("infertrace-{name}-{}", std::process::id()));
@@ -260,16 +320,35 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The OTLP receiver (`otlp_receiver.py`) writing what it gets to `out`; returns its gRPC port.
-pub fn otlp_receiver(cleanup: &mut Cleanup, out: &Path) -> u16 {
+/// The OTLP receiver (`otlp_receiver.py --defer`): keeps what the engine exports during the
+/// run and writes it to its file when [`OtlpReceiver::write_out`] asks.
+pub struct OtlpReceiver {
+    pub grpc_port: u16,
+    http_port: u16,
+}
+
+impl OtlpReceiver {
+    /// Write everything received so far (one JSON line per span) and wait until it is written.
+    pub fn write_out(&self) {
+        let answer = post(self.http_port, "/flush", "");
+        assert!(answer.contains("written"), "OTLP receiver flush: {answer}");
+    }
+}
+
+/// Start the OTLP receiver writing to `out` (see [`OtlpReceiver`]).
+pub fn otlp_receiver(cleanup: &mut Cleanup, out: &Path) -> OtlpReceiver {
     let (http, grpc) = (free_port(), free_port());
     let receiver = Command::new(crate::python())
         .arg(script("vllm", "otlp_receiver.py"))
         .arg(out)
         .args([http.to_string(), grpc.to_string()])
+        .arg("--defer")
         .stdout(Stdio::null())
         .spawn()
         .expect("starting the OTLP receiver");
     cleanup.children.push(receiver);
-    grpc
+    OtlpReceiver {
+        grpc_port: grpc,
+        http_port: http,
+    }
 }

@@ -143,6 +143,8 @@ pub fn compare(
     let mut used = vec![false; llm.len()];
     let mut engine_diffs: HashMap<&str, Vec<f64>> = HashMap::new();
     let mut frontend_diffs: HashMap<&str, Vec<f64>> = HashMap::new();
+    // Per attribute, the request that differed most (signed difference, id): the report names it.
+    let mut worst: HashMap<&str, (f64, String)> = HashMap::new();
     for t in &truth {
         let id = attr_str(t, "gen_ai.request.id").unwrap_or_default();
         let Some(i) = (0..llm.len()).find(|&i| {
@@ -186,6 +188,10 @@ pub fn compare(
                 &mut frontend_diffs
             };
             into.entry(key).or_default().push(diff);
+            let w = worst.entry(key).or_insert((0.0, String::new()));
+            if diff.abs() > w.0.abs() {
+                *w = (diff, id.to_string());
+            }
         }
         // The caller's trace context is honoured on both sides.
         if t.get("parentSpanId").is_some() {
@@ -222,13 +228,15 @@ pub fn compare(
             let _ = writeln!(
                 r.text,
                 "{key} ({what}, {} requests): |infertrace - vLLM| p50 {:.4} ms, p95 {:.4} ms, \
-                 p99 {:.4} ms, max {:.4} ms (mean signed {:+.4} ms)",
+                 p99 {:.4} ms, max {:.4} ms (mean signed {:+.4} ms; largest {:+.4} ms, {})",
                 d.len(),
                 p50 * 1e3,
                 p95 * 1e3,
                 p99 * 1e3,
                 max * 1e3,
-                mean * 1e3
+                mean * 1e3,
+                worst[key].0 * 1e3,
+                worst[key].1
             );
             if p50 > bound_p50 {
                 r.fail(format!("{key}: p50 {p50:.6} s beyond {bound_p50} s"));

@@ -15,8 +15,8 @@ use std::{path::Path, process::Command, time::Duration};
 
 use infertrace_tests::{
     live::{
-        Cleanup, EngineKind, attach, free_port, get, otlp_receiver, profile_of, sampled_stacks,
-        script, stop, temp_dir, workload,
+        self, Cleanup, EngineKind, attach, free_port, get, otlp_receiver, profile_of,
+        sampled_stacks, script, stop, temp_dir, thread_roles, workload,
     },
     sglang_truth,
 };
@@ -42,8 +42,8 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
     let ours = dir.join("ours.jsonl");
     let client = dir.join("client.json");
     let mut cleanup = Cleanup::default();
-    let otlp_grpc = otlp_receiver(&mut cleanup, &truth);
-    let otlp = format!("127.0.0.1:{otlp_grpc}");
+    let receiver = otlp_receiver(&mut cleanup, &truth);
+    let otlp = format!("127.0.0.1:{}", receiver.grpc_port);
     let mut all_envs = vec![
         ("TRACE", "1"),
         ("OTLP", otlp.as_str()),
@@ -73,6 +73,7 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
     let stderr = stop(agent);
     // SGLang's batch span processor exports every 500 ms.
     std::thread::sleep(Duration::from_secs(5));
+    receiver.write_out();
     let mut report = sglang_truth::compare(&ours, &truth);
     let counters = sglang_truth::compare_metrics(&ours, &before, &after);
     report.text.push_str(&counters.text);
@@ -90,14 +91,27 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
     );
     // The Python profile of the same run: the scheduler's event loop on its thread (SGLang
     // names it `sglang::scheduler`, cut to 15 bytes; `run_event_loop` runs the overlap or the
-    // normal loop) and the model's forward pass in it.
-    let event_loop = sampled_stacks(&ours, Some("sglang::schedul"), "Scheduler.run_event_loop");
-    let forward = sampled_stacks(&ours, Some("sglang::schedul"), "LlamaForCausalLM.forward");
+    // normal loop, and names the thread) and the model's forward pass in it; main's asyncio
+    // event loop.
+    let scheduler = Some("sglang::schedul [SGLang scheduler loop]");
+    let event_loop = sampled_stacks(&ours, scheduler, "Scheduler.run_event_loop");
+    let forward = sampled_stacks(&ours, scheduler, "LlamaForCausalLM.forward");
+    let roles = thread_roles(&ours);
+    let (iterations, samples) = live::iteration_samples(&ours);
     println!(
-        "Python profile: {event_loop} stacks in the scheduler's event loop, {forward} in the model's forward"
+        "Python profile: {event_loop} stacks in the scheduler's event loop, {forward} in the \
+         model's forward; threads known by their role: {roles:?}; decode_loop spans with \
+         samples: {iterations}, {samples:?}"
     );
+    let model_samples = samples
+        .get("infertrace.python.samples.model_execution")
+        .copied()
+        .unwrap_or(0);
     assert!(
-        event_loop > 0 && forward > 0,
+        event_loop > 0
+            && forward > 0
+            && roles.iter().any(|r| r.ends_with("[asyncio event loop]"))
+            && model_samples > 0,
         "{}",
         std::fs::read_to_string(profile_of(&ours)).unwrap_or_default()
     );

@@ -4,7 +4,8 @@
 pub mod gpu;
 pub mod handoff;
 pub mod in_flight;
-pub mod iteration_gpu;
+pub mod iteration_work;
 pub mod join;
 pub mod sglang;
 pub mod vllm;
+pub mod well_known;

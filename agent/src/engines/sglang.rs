@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use super::{
     handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
-    iteration_gpu::IterationLaunches,
+    iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
 };
 use crate::decode::{
@@ -123,6 +123,8 @@ pub struct SglangTimeline {
     /// Per output, what the scheduler launched on the GPU since the output before (CPU-side;
     /// filled by the pipeline when the CUDA probes saw it).
     pub gpu_per_output: Vec<Option<IterationLaunches>>,
+    /// The scheduler process's Python samples in the same windows.
+    pub python_per_output: Vec<Option<IterationSamples>>,
     /// Capture times main took over the first and the final output (see `handoff`); a
     /// request main aborted ends when the scheduler's abort output reached it.
     pub first_output_ns: Option<u64>,

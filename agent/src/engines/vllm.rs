@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use super::{
     handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
-    iteration_gpu::IterationLaunches,
+    iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, EngineSide, Joiner, Outcome},
 };
 use crate::decode::{
@@ -41,6 +41,8 @@ pub struct RequestStep {
     pub logprobs: Option<Vec<f32>>,
     /// What the iteration launched on the GPU (CPU-side), when the CUDA probes saw it.
     pub gpu: Option<IterationLaunches>,
+    /// The Python samples of the engine's threads during the iteration, when there were any.
+    pub python: Option<IterationSamples>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +154,7 @@ impl EngineTimeline {
                         token_ids: Vec::new(),
                         logprobs: None,
                         gpu: None,
+                        python: None,
                     });
                 }
                 // vLLM keeps the first SCHEDULED: preemptions do not reset it.
@@ -166,6 +169,7 @@ impl EngineTimeline {
                         token_ids: Vec::new(),
                         logprobs: None,
                         gpu: None,
+                        python: None,
                     });
                 }
                 EventKind::Unknown(_) => {}
@@ -201,6 +205,7 @@ impl EngineTimeline {
             token_ids: out.new_token_ids.clone(),
             logprobs: out.logprobs.clone(),
             gpu: None,
+            python: None,
         });
         if let Some(reason) = out.finish_reason {
             self.finish_reason = Some(reason);
@@ -239,6 +244,8 @@ pub struct StepReport {
     /// False for a report of late-applied outputs, which is not an engine iteration.
     pub iteration: bool,
     pub engine_index: u64,
+    /// The process that received the step's outputs (the API server).
+    pub frontend: u32,
     /// The engine's stamp of the step (CLOCK_MONOTONIC seconds).
     pub timestamp: f64,
     /// The step reported its scheduler state (log stats on).
@@ -371,7 +378,8 @@ impl VllmTracker {
                     let keep = !step.is_utility && !step.outputs.is_empty();
                     self.handoffs.received(*tgid, message.last_ns, keep);
                     if !step.is_utility {
-                        let report = self.step(&step, message.last_ns);
+                        let mut report = self.step(&step, message.last_ns);
+                        report.frontend = *tgid;
                         out.push(VllmEvent::Step(report));
                     }
                 }
@@ -999,6 +1007,7 @@ mod tests {
                 StepReport {
                     iteration,
                     engine_index: 1,
+                    frontend: 7,
                     timestamp,
                     scheduler,
                     prompt_tokens,
@@ -1101,6 +1110,7 @@ mod tests {
         let orphan_report = |prompt_tokens| StepReport {
             iteration: false,
             engine_index: 0,
+            frontend: 0,
             timestamp: 0.0,
             scheduler: None,
             prompt_tokens,

@@ -14,7 +14,7 @@ use super::{
 };
 use crate::engines::{
     gpu::{GpuStep, KernelLaunches},
-    iteration_gpu::IterationLaunches,
+    iteration_work::IterationLaunches,
 };
 
 /// One step as exported.

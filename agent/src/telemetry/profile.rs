@@ -6,7 +6,7 @@ use std::{
     fmt::Write as _,
 };
 
-use super::phases::{Phase, phase_of};
+use crate::engines::well_known::{Phase, SampleKind, thread_role};
 use crate::{decode::python::PySample, discover::python::CodeName};
 
 /// Distinct stacks kept per thread; samples of further stacks are counted under one line.
@@ -18,6 +18,8 @@ const MAX_THREADS: usize = 4096;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ThreadProfile {
     pub name: String,
+    /// What the thread is, when the well-known names tell (engines/well_known.rs).
+    pub role: Option<&'static str>,
     pub samples: u64,
     /// Samples with no Python frames (a native thread, or between frames).
     pub without_python: u64,
@@ -25,8 +27,18 @@ pub struct ThreadProfile {
     pub cut: u64,
     /// Folded stack (outermost frame first, `;`-separated) -> samples.
     pub stacks: HashMap<String, u64>,
-    /// Samples per engine phase (telemetry/phases.rs); the rest are `other` or `native`.
+    /// Samples per engine phase (engines/well_known.rs); the rest are `other` or `native`.
     pub phases: BTreeMap<Phase, u64>,
+}
+
+impl ThreadProfile {
+    /// The thread's name, and its role when known: `VLLM::EngineCor [vLLM EngineCore busy loop]`.
+    pub fn label(&self) -> String {
+        match self.role {
+            Some(role) => format!("{} [{role}]", self.name),
+            None => self.name.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -49,19 +61,22 @@ const NO_PYTHON: &str = "[no Python frames]";
 const OTHER_STACKS: &str = "[other stacks]";
 
 impl Profile {
-    /// Count a sample; returns its engine phase (for the caller's metrics).
-    pub fn add(&mut self, sample: &PySample) -> Option<Phase> {
-        let phase = phase_of(&sample.stack);
+    /// Count a sample; returns what it was doing (for the caller's metrics and iterations).
+    pub fn add(&mut self, sample: &PySample) -> SampleKind {
+        let kind = SampleKind::of(&sample.stack);
         let key = (sample.tgid, sample.tid);
         if !self.threads.contains_key(&key) && self.threads.len() >= MAX_THREADS {
             self.dropped += 1;
-            return phase;
+            return kind;
         }
         let thread = self.threads.entry(key).or_default();
         thread.name.clone_from(&sample.thread);
+        if thread.role.is_none() {
+            thread.role = thread_role(&sample.thread, &sample.stack);
+        }
         thread.samples += 1;
         thread.cut += u64::from(sample.cut);
-        if let Some(phase) = phase {
+        if let SampleKind::Phase(phase) = kind {
             *thread.phases.entry(phase).or_default() += 1;
         }
         let folded = if sample.stack.is_empty() {
@@ -78,21 +93,19 @@ impl Profile {
             folded
         };
         *thread.stacks.entry(slot).or_default() += 1;
-        phase
+        kind
     }
 
-    /// Folded stacks, one line per (thread, stack): `pid;thread (tid);outer;...;inner count`.
+    /// Folded stacks, one line per (thread, stack):
+    /// `pid;thread [role] (tid);outer;...;inner count` (no `[role]` when it is not known).
     pub fn folded(&self) -> String {
         let mut out = String::new();
         for ((pid, tid), thread) in &self.threads {
             let mut stacks: Vec<(&String, &u64)> = thread.stacks.iter().collect();
             stacks.sort();
+            let label = thread.label().replace(';', ":");
             for (stack, count) in stacks {
-                let _ = writeln!(
-                    out,
-                    "{pid};{} ({tid});{stack} {count}",
-                    thread.name.replace(';', ":")
-                );
+                let _ = writeln!(out, "{pid};{label} ({tid});{stack} {count}");
             }
         }
         out
@@ -106,7 +119,7 @@ impl Profile {
             let _ = writeln!(
                 out,
                 "pid {pid} thread {tid} ({}): {} samples, {} without Python frames{}",
-                thread.name,
+                thread.label(),
                 thread.samples,
                 thread.without_python,
                 if thread.cut > 0 {

@@ -35,7 +35,7 @@ use std::sync::LazyLock;
 use super::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
-    gpu,
+    gpu, python_samples,
     span::{AttrValue, Attributes, IdGenerator, Span},
 };
 use crate::decode::openai::{ApiCall, Operation};
@@ -414,6 +414,9 @@ fn request_spans(
             if let Some(Some(launched)) = t.gpu_per_output.get(ct + 1) {
                 gpu::iteration_attributes(&mut attributes, launched);
             }
+            if let Some(Some(samples)) = t.python_per_output.get(ct + 1) {
+                python_samples::iteration_attributes(&mut attributes, samples);
+            }
             b.stage("decode_loop", from, to, decode, attributes);
             from = to;
         }
@@ -614,7 +617,7 @@ mod tests {
 
     #[test]
     fn a_decode_loop_the_cuda_probes_saw_says_what_its_batch_launched() {
-        use crate::engines::{iteration_gpu::IterationLaunches, join::Outcome};
+        use crate::engines::{iteration_work::IterationLaunches, join::Outcome};
         const MS: u64 = 1_000_000;
         let launched = IterationLaunches {
             synchronizations: 1,

@@ -341,6 +341,7 @@ mod tests {
         StepReport {
             iteration,
             engine_index: 0,
+            frontend: 7,
             timestamp: 1.0,
             scheduler,
             prompt_tokens: 5,

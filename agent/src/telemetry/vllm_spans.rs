@@ -14,7 +14,7 @@
 use super::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
-    gpu,
+    gpu, python_samples,
     span::{AttrValue, Attributes, IdGenerator, Span, SpanEvent, parse_traceparent},
 };
 use crate::{
@@ -292,6 +292,9 @@ fn iteration_events(t: &EngineTimeline, clock: &Clock) -> Vec<SpanEvent> {
                 if let Some(gpu) = &step.gpu {
                     gpu::iteration_attributes(&mut a, gpu);
                 }
+                if let Some(samples) = &step.python {
+                    python_samples::iteration_attributes(&mut a, samples);
+                }
             }
             SpanEvent {
                 name: match step.kind {
@@ -357,6 +360,7 @@ mod tests {
             token_ids: token_ids.to_vec(),
             logprobs: None,
             gpu: None,
+            python: None,
         }
     }
 
@@ -576,9 +580,20 @@ mod tests {
     }
 
     #[test]
-    fn an_iteration_the_cuda_probes_saw_says_what_it_launched() {
-        use crate::engines::iteration_gpu::IterationLaunches;
+    fn an_iteration_says_what_it_launched_and_where_the_engine_was_sampled() {
+        use crate::engines::{
+            iteration_work::{IterationLaunches, IterationSamples},
+            well_known::{Phase, SampleKind},
+        };
         let mut t = trace();
+        t.engine[0].steps[1].python = Some(IterationSamples {
+            samples: 3,
+            by_kind: [
+                (SampleKind::Phase(Phase::ModelExecution), 2),
+                (SampleKind::Native, 1),
+            ]
+            .into(),
+        });
         t.engine[0].steps[1].gpu = Some(IterationLaunches {
             synchronizations: 2,
             kernel_launches: 812,
@@ -602,17 +617,18 @@ mod tests {
             ("infertrace.cuda.synchronizations", 2),
             ("infertrace.cuda.cpu_launch_ns", 3_500_000),
             ("infertrace.cuda.cpu_sync_wait_ns", 9_000_000),
+            ("infertrace.python.samples", 3),
+            ("infertrace.python.samples.model_execution", 2),
+            ("infertrace.python.samples.native", 1),
         ] {
             assert_eq!(attr(key), Some(AttrValue::Int(value)), "{key}");
         }
-        // The other iterations were not seen by the probes: no figures, not zeros.
+        assert_eq!(attr("infertrace.python.samples.schedule"), None);
+        // The other iterations were not seen by the probes nor sampled: no figures, not zeros.
         let decode = &spans[1].events[2];
-        assert!(
-            decode
-                .attributes
-                .iter()
-                .all(|(k, _)| !k.starts_with("infertrace.cuda"))
-        );
+        assert!(decode.attributes.iter().all(|(k, _)| {
+            !k.starts_with("infertrace.cuda") && !k.starts_with("infertrace.python")
+        }));
     }
 
     #[test]
