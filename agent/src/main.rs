@@ -116,6 +116,11 @@ struct CaptureArgs {
     /// in-kernel aggregation and measure what it saves; costs more).
     #[arg(long, hide = true)]
     cuda_every_call: bool,
+    /// Do not probe libzmq's zmq_msg_send (which times each message's hand-over to libzmq:
+    /// SGLang's dispatch and its scheduler's sends); they are then timed by libzmq's own
+    /// wake-ups, or at the socket write.
+    #[arg(long)]
+    no_zmq_probe: bool,
     #[command(flatten)]
     output: OutputArgs,
 }
@@ -312,6 +317,7 @@ impl CaptureArgs {
                     off: self.no_python_sampling,
                     hz: self.python_sample_hz,
                 },
+                no_zmq_probe: self.no_zmq_probe,
             },
             poll_interval: Duration::from_millis(self.poll_ms.clamp(1, 10_000)),
             duration,
@@ -519,9 +525,16 @@ fn results(pipeline: &Pipeline) -> String {
     };
     format!(
         "; {} requests traced ({} spans); {engine}; messages timed at the event loop's \
-         take-over: {} (at its next iteration: {}), at their arrival: {}; sends timed at the hand-over to libzmq: {}, at \
-         the send: {}",
-        s.traces, s.spans, h.taken_over, h.next_iteration, h.at_arrival, h.handed_over, h.at_send
+         take-over: {} (at its next iteration: {}), at their arrival: {}; sends timed at the \
+         hand-over to libzmq: {} ({} by its send's probe), at the send: {}",
+        s.traces,
+        s.spans,
+        h.taken_over,
+        h.next_iteration,
+        h.at_arrival,
+        h.handed_over,
+        h.send_probed,
+        h.at_send
     )
 }
 

@@ -243,12 +243,14 @@ impl Pipeline {
     }
 
     fn export_metrics(&mut self, now_ns: u64) {
+        // The engine's own hand-off counts (SGLang's tracker has its own, not vLLM's).
+        let handoffs = self.handoff_stats();
         let samples = {
             let mut registry = self.registry.lock().expect("registry lock");
             agent_metrics::tracker(
                 &mut registry,
                 &self.tracker.stats,
-                &self.tracker.handoff_stats(),
+                &handoffs,
                 self.layout_switches(),
                 self.stats.traces,
             );

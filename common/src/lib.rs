@@ -30,6 +30,8 @@ pub mod kind {
     pub const CUDA_NAME: u32 = 10;
     /// A CPU-clock sample of a tracked thread of a Python process ([`PySampleRecord`]).
     pub const PY_SAMPLE: u32 = 11;
+    /// An application thread handed a whole message to libzmq ([`ZmqSendRecord`]).
+    pub const ZMQ_SEND: u32 = 12;
 }
 
 /// The probed CUDA driver entry points (every `_v2`/`_ptsz` variant maps to its base), as
@@ -445,6 +447,25 @@ impl Default for PyStack {
         }
     }
 }
+
+/// ZMQ_SEND: `zmq_msg_send` returned success for a message's last part (no `ZMQ_SNDMORE`) in
+/// a traced process: the message is libzmq's from then on, its I/O thread writes it to the
+/// socket when it gets to it. `header.ts_ns` is the return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ZmqSendRecord {
+    pub header: RecordHeader,
+    /// libzmq's socket object (the `void *socket` argument): which socket sent.
+    pub socket: u64,
+    /// When the call began (CLOCK_MONOTONIC).
+    pub enter_ns: u64,
+    /// What the call returned: the size of the part, the message's last frame on the wire.
+    pub size: u32,
+    pub _pad: u32,
+}
+
+/// `ZMQ_SNDMORE` (zmq.h): more parts of the message follow.
+pub const ZMQ_SNDMORE: u32 = 2;
 
 /// Flags of a [`PySampleRecord`].
 pub mod py_flags {

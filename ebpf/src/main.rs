@@ -1,6 +1,7 @@
 //! infertrace's kernel side: follow the traced engines' process tree and copy the payloads of
 //! their socket syscalls into a ring buffer, with the epoll waits of their main threads, and
-//! count their CUDA driver calls per step (uprobes), and sample their Python stacks (perf event).
+//! count their CUDA driver calls per step (uprobes), time their hand-overs of messages to libzmq
+//! (uprobes), and sample their Python stacks (perf event).
 //!
 //! Only tracepoints and uprobes are used (this kernel has no kprobes and no fentry, see DESIGN.md). Every
 //! program first checks that the current process is tracked, so untraced processes pay one
@@ -17,6 +18,7 @@ mod poll;
 mod proc;
 mod python;
 mod shared;
+mod zmq;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use infertrace::decode::{
-    flows::{Decoded, FlowStats},
+    flows::{Decoded, FlowStats, Handover},
     zmtp::ZmtpMessage,
 };
 use infertrace_tests::{Script, Tracer, fixture, zmtp_messages};
@@ -101,9 +101,40 @@ fn attach_to_established_connection_resynchronises_without_greeting() {
         .map(|p| p.parse().unwrap())
         .collect();
     let (receiver, sender) = (pids[0], pids[1]);
-    let tracer = Tracer::attach(&[launcher.pid()]);
+    let mut tracer = Tracer::attach(&[launcher.pid()]);
+    // The first drain probes the processes' libzmq (already loaded: no wait).
+    tracer.pump();
     let (decoded, _) = exchange(tracer, &mut launcher);
     check(&decoded, Some(sender), Some(receiver), true);
+    sends_were_handed_over_before_their_writes(&decoded, sender);
+}
+
+/// The probe on libzmq's `zmq_msg_send` saw the sender hand over each payload message (one
+/// record per message, at its last part), on one socket, before the I/O thread wrote it.
+fn sends_were_handed_over_before_their_writes(decoded: &[Decoded], sender: u32) {
+    let handovers: Vec<&Handover> = decoded
+        .iter()
+        .filter_map(|d| match d {
+            Decoded::Handover(h) if h.tgid == sender => Some(h),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(handovers.len(), SIZES.len(), "{handovers:?}");
+    assert!(handovers.iter().all(|h| h.socket == handovers[0].socket));
+    assert!(
+        handovers.iter().all(|h| h.tid == sender),
+        "the sender's main thread"
+    );
+    // After a mid-stream attach the first message may not be decoded: compare from the end.
+    let written = messages(decoded, true);
+    for (h, (_, m)) in handovers.iter().rev().zip(written.iter().rev()) {
+        assert!(
+            h.ns <= m.first_ns,
+            "handed over at {} after its write at {}",
+            h.ns,
+            m.first_ns
+        );
+    }
 }
 
 fn tempdir() -> String {

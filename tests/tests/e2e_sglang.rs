@@ -18,7 +18,7 @@ use infertrace_tests::{
         self, Cleanup, EngineKind, attach, free_port, get, otlp_receiver, profile_of,
         sampled_stacks, script, stop, temp_dir, thread_roles, workload,
     },
-    sglang_truth,
+    sglang_truth, vllm_truth,
 };
 
 const PORT: u16 = 18473;
@@ -88,6 +88,16 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
         "{mode}: {:#?}\n{}\n{stderr}",
         report.failures,
         report.text
+    );
+    // SGLang's dispatches and its scheduler's sends were timed by the probe on libzmq.
+    let probed = vllm_truth::metric_total(
+        vllm_truth::last_metrics(&vllm_truth::json_lines(&ours)),
+        "infertrace_sends_probed_total",
+        None,
+    );
+    assert!(
+        probed > 100.0,
+        "{probed} sends timed by the probe\n{stderr}"
     );
     // The Python profile of the same run: the scheduler's event loop on its thread (SGLang
     // names it `sglang::scheduler`, cut to 15 bytes; `run_event_loop` runs the overlap or the

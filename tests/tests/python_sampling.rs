@@ -177,3 +177,90 @@ fn a_recording_replays_into_the_profile() {
         .sum();
     assert!(main_hot > 50, "{text}");
 }
+
+/// Garbage frames: the sampler walks a real interpreter with wrong offsets (as a table row for
+/// a release that moved its fields would give) and with a wrong runtime address. Its reads
+/// then land anywhere: they fail (flagged) or return nonsense, and the walk stays bounded; the
+/// records still parse, and naming the nonsense code addresses from the process's memory gives
+/// nothing or nonsense, never a fault. The process is untouched (the kernel only reads it).
+#[test]
+fn garbage_frames_are_sampled_without_errors() {
+    use infertrace::capture::{kernel::KernelCapture, records};
+    use infertrace_common::{PyProcess, py_flags};
+
+    let mut command = Command::new(pyenv_python("3.11").expect("pyenv's CPython 3.11"));
+    command.arg(fixture("python/hot_threads.py"));
+    let mut program = Script::spawn(command);
+    assert_eq!(program.read_line(), "ready");
+    let pid = program.pid();
+    let found =
+        python::discover(pid, &mut python::BinaryCache::default()).expect("a Python process");
+    let mut shifted = found.frames;
+    shifted.frame_code += 8;
+    shifted.frame_previous += 8;
+    let mut kernel = KernelCapture::load(&KernelOptions::default()).expect("load (run as root)");
+    kernel.track(pid).expect("track");
+    kernel.sample_python(HZ).expect("the sampler");
+    let memory = python::Memory::open(pid).expect("the process's memory");
+    let with_runtime = |runtime, offsets| PyProcess {
+        runtime,
+        offsets,
+        _pad: 0,
+    };
+    // Wrong runtimes first: no thread state is found, so none is cached for the threads yet.
+    for (what, process) in [
+        (
+            "an unmapped runtime",
+            with_runtime(0xdead_0000_0000, found.frames),
+        ),
+        (
+            "the runtime's address off by 4 KiB",
+            with_runtime(found.runtime + 4096, found.frames),
+        ),
+        (
+            "shifted frame offsets",
+            with_runtime(found.runtime, shifted),
+        ),
+    ] {
+        kernel
+            .sample_python_process(pid, process)
+            .expect("register");
+        let until = Instant::now() + Duration::from_secs(1);
+        let (mut samples, mut with_stack, mut read_failed, mut named) = (0, 0, 0, 0);
+        while Instant::now() < until {
+            let mut raw = Vec::new();
+            kernel.drain(4096, |bytes| raw.push(bytes.to_vec()));
+            for bytes in raw {
+                let record = records::parse(&bytes).expect("every record parses");
+                let records::Record::PySample(sample) = record else {
+                    continue;
+                };
+                samples += 1;
+                read_failed += u32::from(sample.flags & py_flags::READ_FAILED != 0);
+                if sample.stack_id == 0 {
+                    continue;
+                }
+                let Some(stack) = kernel.take_python_stack(sample.stack_id) else {
+                    continue;
+                };
+                with_stack += 1;
+                assert!(stack.len as usize <= stack.frames.len(), "{what}: bounded");
+                for &code in &stack.frames[..stack.len as usize] {
+                    named += u32::from(memory.code_object(code, &found.code).is_some());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        println!(
+            "{what}: {samples} samples, {with_stack} with a stack, {read_failed} with a failed \
+             read, {named} frames named"
+        );
+        assert!(samples > 0, "{what}: the sampler kept sampling");
+    }
+    assert!(
+        program.child.try_wait().expect("wait").is_none(),
+        "the sampled process still runs"
+    );
+    let _ = program.child.kill();
+    let _ = program.child.wait();
+}

@@ -270,6 +270,95 @@ pub fn number_before(text: &str, suffix: &str) -> Option<f64> {
     text[..end].rsplit([' ', '(']).next()?.parse().ok()
 }
 
+/// One configuration of a load-program benchmark: untraced, or under `infertrace attach` with
+/// extra arguments once its log says `armed`.
+pub struct Config<'a> {
+    pub name: &'a str,
+    pub agent: Option<(&'a [&'a str], &'a str)>,
+}
+
+impl<'a> Config<'a> {
+    pub fn untraced(name: &'a str) -> Self {
+        Self { name, agent: None }
+    }
+
+    pub fn traced(name: &'a str, args: &'a [&'a str], armed: &'a str) -> Self {
+        Self {
+            name,
+            agent: Some((args, armed)),
+        }
+    }
+}
+
+/// What the runs of one configuration measured: the program's seconds per run, and per traced
+/// run the agent's CPU seconds and records.
+#[derive(Default)]
+pub struct Runs {
+    pub seconds: Vec<f64>,
+    pub agent: Vec<(f64, f64)>,
+}
+
+/// Run `python script arg` `runs` times under each configuration, alternating.
+pub fn alternate(
+    agent: &Path,
+    python: &str,
+    script: &Path,
+    arg: &str,
+    configs: &[Config],
+    runs: usize,
+) -> anyhow::Result<Vec<Runs>> {
+    let mut out: Vec<Runs> = configs.iter().map(|_| Runs::default()).collect();
+    for _ in 0..runs {
+        for (i, config) in configs.iter().enumerate() {
+            let mut command = Command::new(python);
+            command.arg(script).arg(arg);
+            let traced = config.agent.map(|(args, _)| (agent, args));
+            let armed = config.agent.map_or("", |(_, armed)| armed);
+            let (line, log) = run_traced(command, traced, armed)?;
+            out[i].seconds.push(line.trim().parse()?);
+            if let Some(log) = log {
+                let cpu = number_before(&log, " s of CPU").unwrap_or(f64::NAN);
+                let records = number_before(&log, " records (").unwrap_or(f64::NAN);
+                out[i].agent.push((cpu, records));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Print each configuration's median time, its slowdown against the first, and for traced
+/// ones the agent's median CPU and records (`records` names them).
+pub fn print_runs(configs: &[Config], runs: &[Runs], records: &str) {
+    let list = |values: &[f64]| {
+        values
+            .iter()
+            .map(|v| format!("{v:.3}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let base = median(&mut runs[0].seconds.clone());
+    for (config, r) in configs.iter().zip(runs) {
+        let m = median(&mut r.seconds.clone());
+        print!(
+            "{}: {m:.3} s (runs: {}), slowdown {:+.2} %",
+            config.name,
+            list(&r.seconds),
+            (m / base - 1.0) * 100.0
+        );
+        if !r.agent.is_empty() {
+            let mut cpu: Vec<f64> = r.agent.iter().map(|a| a.0).collect();
+            let mut counts: Vec<f64> = r.agent.iter().map(|a| a.1).collect();
+            let runs = list(&cpu);
+            print!(
+                "; agent {:.3} s CPU (runs: {runs}), {:.0} {records}",
+                median(&mut cpu),
+                median(&mut counts)
+            );
+        }
+        println!();
+    }
+}
+
 /// Run a load program that prints "ready", waits for "go" on stdin and prints one result
 /// line; with `traced` = (agent, extra args), under `infertrace attach --pid` once the agent's
 /// log says `armed` (its probes or sampler are on the program). Returns the result line and the

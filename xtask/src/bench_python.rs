@@ -9,7 +9,7 @@
 use std::process::Command;
 
 use crate::{
-    bench::{median, number_before, run_traced},
+    bench::{Config, alternate, median, print_runs},
     root, run,
 };
 
@@ -26,66 +26,27 @@ pub fn bench_python() -> anyhow::Result<()> {
         .current_dir(&root))?;
     let agent = root.join("target/release/infertrace");
     let script = root.join("tests/fixtures/python/cpu_loop.py");
-    let configs: [(&str, Option<&[&str]>); 3] = [
-        ("without agent", None),
-        (
+    let armed = "sampling its threads";
+    let configs = [
+        Config::untraced("without agent"),
+        Config::traced(
             "sampling at 49 Hz (default)",
-            Some(&["--python-sample-hz", "49"]),
+            &["--python-sample-hz", "49"],
+            armed,
         ),
-        ("sampling at 490 Hz", Some(&["--python-sample-hz", "490"])),
+        Config::traced("sampling at 490 Hz", &["--python-sample-hz", "490"], armed),
     ];
-    let mut seconds: Vec<Vec<f64>> = configs.iter().map(|_| Vec::new()).collect();
-    // (agent CPU seconds, records) per traced run.
-    let mut agent_runs: Vec<Vec<(f64, f64)>> = configs.iter().map(|_| Vec::new()).collect();
-    for _ in 0..RUNS {
-        for (i, (_, args)) in configs.iter().enumerate() {
-            let mut command = Command::new("python3");
-            command.arg(&script).arg(ITERATIONS);
-            let traced = args.map(|a| (agent.as_path(), a));
-            let (line, log) = run_traced(command, traced, "sampling its threads")?;
-            seconds[i].push(line.trim().parse()?);
-            if let Some(log) = log {
-                let cpu = number_before(&log, " s of CPU").unwrap_or(f64::NAN);
-                let records = number_before(&log, " records (").unwrap_or(f64::NAN);
-                agent_runs[i].push((cpu, records));
-            }
-        }
-    }
+    let runs = alternate(&agent, "python3", &script, ITERATIONS, &configs, RUNS)?;
     println!(
         "## Python stack sampling (CPU-bound loop of {ITERATIONS} iterations, CPython 3.11, \
          {RUNS} alternating runs, medians)"
     );
-    let base = median(&mut seconds[0].clone());
-    for (i, (name, args)) in configs.iter().enumerate() {
-        let m = median(&mut seconds[i].clone());
-        print!(
-            "{name}: {m:.3} s (runs: {}), slowdown {:+.2} %",
-            seconds[i]
-                .iter()
-                .map(|s| format!("{s:.3}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            (m / base - 1.0) * 100.0
-        );
-        if args.is_some() {
-            let mut cpu: Vec<f64> = agent_runs[i].iter().map(|r| r.0).collect();
-            let mut records: Vec<f64> = agent_runs[i].iter().map(|r| r.1).collect();
-            print!(
-                "; agent {:.3} s CPU (runs: {}), {:.0} samples",
-                median(&mut cpu),
-                cpu.iter()
-                    .map(|c| format!("{c:.3}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                median(&mut records)
-            );
-        }
-        println!();
-    }
+    print_runs(&configs, &runs, "samples");
     // Per run pair: the extra CPU of the faster rate over its extra samples.
-    let mut marginal: Vec<f64> = agent_runs[1]
+    let mut marginal: Vec<f64> = runs[1]
+        .agent
         .iter()
-        .zip(&agent_runs[2])
+        .zip(&runs[2].agent)
         .map(|(slow, fast)| (fast.0 - slow.0) / (fast.1 - slow.1) * 1e6)
         .collect();
     println!(

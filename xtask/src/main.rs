@@ -8,12 +8,15 @@
 //! - `demo`: the main job, on the real vLLM.
 //! - `engine vllm|sglang start|stop|status`: the real vLLM or SGLang with a tiny model, by hand.
 //! - `bench-capture`: the capture benchmark of BENCHMARKS.md.
+//! - `bench-cuda`, `bench-python`, `bench-zmq`: what the CUDA probes, Python sampling and the
+//!   libzmq send probe cost, BENCHMARKS.md.
 //! - `bench-vllm`, `bench-sglang`: the agent's overhead on the real engines (their own serving
 //!   benchmarks), BENCHMARKS.md.
 mod bench;
 mod bench_cuda;
 mod bench_engine;
 mod bench_python;
+mod bench_zmq;
 mod demo;
 mod ebpf;
 mod engine;
@@ -67,6 +70,8 @@ enum Task {
     /// Python stack sampling: slowdown of a CPU-bound Python loop, agent CPU per sample
     /// (needs root).
     BenchPython,
+    /// The probe on libzmq's zmq_msg_send: added cost per send of a pyzmq loop (needs root).
+    BenchZmq,
     /// Overhead on the real vLLM: `vllm bench serve` with and without the agent (needs root).
     BenchVllm {
         #[command(flatten)]
@@ -157,6 +162,7 @@ fn main() -> anyhow::Result<()> {
         Task::BenchCapture => bench::bench_capture(),
         Task::BenchCuda => bench_cuda::bench_cuda(),
         Task::BenchPython => bench_python::bench_python(),
+        Task::BenchZmq => bench_zmq::bench_zmq(),
         Task::BenchVllm { options } => bench_engine::bench(Engine::Vllm, &options.options()),
         Task::BenchSglang { options } => bench_engine::bench(Engine::Sglang, &options.options()),
         Task::BenchLoad { count, size } => bench::bench_load(count, size),

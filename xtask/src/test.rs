@@ -42,7 +42,7 @@ pub fn test(skip_fuzz: bool) -> anyhow::Result<()> {
 
 /// target/test-venv, made once: pyzmq for the ZeroMQ fixture processes, grpcio and
 /// opentelemetry-proto for the OTLP receiver the export tests send to.
-fn test_venv(root: &Path) -> anyhow::Result<String> {
+pub fn test_venv(root: &Path) -> anyhow::Result<String> {
     let venv = root.join("target/test-venv");
     let python = venv.join("bin/python");
     let ready = Command::new(&python)

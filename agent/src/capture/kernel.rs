@@ -2,7 +2,12 @@
 //!
 //! This is the only place that touches the kernel. Everything it hands on is a raw record
 //! (exactly the bytes the kernel wrote), so live capture and replay share the same parser.
-use std::{collections::HashMap as StdHashMap, num::NonZeroU32, os::fd::AsRawFd, path::Path};
+use std::{
+    collections::{HashMap as StdHashMap, HashSet},
+    num::NonZeroU32,
+    os::fd::AsRawFd,
+    path::Path,
+};
 
 use anyhow::{Context as _, bail};
 use aya::{
@@ -19,11 +24,21 @@ use infertrace_common::{
 };
 
 use super::{cuda_watch::CudaOptions, python_watch::PythonOptions};
-use crate::discover::cuda::ProbeSite;
+use crate::discover::uprobe_sites::ProbeSite;
 
 /// The uprobe programs of every CUDA driver site: the entry, and the return where it matters.
 const CUDA_ENTER: &str = "cuda_enter";
 const CUDA_RETURN: &str = "cuda_return";
+/// The uprobe programs of libzmq's `zmq_msg_send`.
+const ZMQ_ENTER: &str = "zmq_send_enter";
+const ZMQ_RETURN: &str = "zmq_send_return";
+
+/// A library whose functions the agent probes in traced processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProbedLibrary {
+    CudaDriver,
+    Libzmq,
+}
 
 /// The committed, debug-stripped eBPF object (rebuilt by `cargo xtask build-ebpf`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../../../ebpf/prebuilt/infertrace.bpf.o");
@@ -69,6 +84,9 @@ pub struct KernelOptions {
     pub cuda: CudaOptions,
     /// Python stack sampling of traced processes.
     pub python: PythonOptions,
+    /// Leave traced processes' libzmq unprobed (their sends are then timed by the I/O
+    /// thread's mailbox write, or its write to the socket).
+    pub no_zmq_probe: bool,
 }
 
 impl Default for KernelOptions {
@@ -78,6 +96,7 @@ impl Default for KernelOptions {
             cap_bytes: infertrace_common::DEFAULT_CAP_BYTES,
             cuda: CudaOptions::default(),
             python: PythonOptions::default(),
+            no_zmq_probe: false,
         }
     }
 }
@@ -99,11 +118,11 @@ pub struct KernelCounters {
 /// Loaded and attached programs. Detaches when dropped.
 pub struct KernelCapture {
     ebpf: Ebpf,
-    /// Whether the CUDA programs are loaded (on first use).
-    cuda_loaded: bool,
-    /// Each process's CUDA probe links (entry program, return program), to detach on exit.
-    cuda_links: StdHashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
-    /// Kept open: programs loaded later (the CUDA probes) refer to the map by its fd.
+    /// The uprobe programs loaded so far (each on first use).
+    uprobes_loaded: HashSet<&'static str>,
+    /// Each process's probe links per library (program, link), to detach on exit.
+    uprobe_links: StdHashMap<(u32, ProbedLibrary), Vec<(&'static str, UProbeLinkId)>>,
+    /// Kept open: programs loaded later (the uprobes) refer to the map by its fd.
     _config: Array<MapData, Config>,
     /// Python processes the sampler walks, and the stacks it interned (taken on first use).
     python: Option<PythonMaps>,
@@ -154,8 +173,8 @@ impl KernelCapture {
             PerCpuArray::try_from(ebpf.take_map("COUNTERS").context("COUNTERS missing")?)?;
         Ok(Self {
             ebpf,
-            cuda_loaded: false,
-            cuda_links: StdHashMap::new(),
+            uprobes_loaded: HashSet::new(),
+            uprobe_links: StdHashMap::new(),
             _config: config,
             python: None,
             ring,
@@ -217,18 +236,7 @@ impl KernelCapture {
         driver: &Path,
         sites: &[ProbeSite],
     ) -> anyhow::Result<usize> {
-        let scope = UProbeScope::OneProcess(
-            NonZeroU32::new(pid).context("pid 0 has no CUDA driver to probe")?,
-        );
-        if !self.cuda_loaded {
-            for name in [CUDA_ENTER, CUDA_RETURN] {
-                self.uprobe(name)?
-                    .load()
-                    .with_context(|| format!("verifier rejected {name}"))?;
-            }
-            self.cuda_loaded = true;
-        }
-        let mut attached = 0;
+        let mut probes = Vec::new();
         for site in sites {
             let id = cuda_fn::id(site.function)
                 .with_context(|| format!("{} is not a probed function", site.function))?;
@@ -237,32 +245,82 @@ impl KernelCapture {
             } else {
                 &[CUDA_ENTER]
             };
-            for &name in programs {
-                let point = UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(site.file_offset),
-                    cookie: Some(u64::from(id)),
-                };
-                let link = self
-                    .uprobe(name)?
-                    .attach(point, driver, scope)
-                    .with_context(|| {
-                        format!(
-                            "attaching {name} to {} at {:#x} of {} for pid {pid}",
-                            site.symbol,
-                            site.file_offset,
-                            driver.display()
-                        )
-                    })?;
-                self.cuda_links.entry(pid).or_default().push((name, link));
-                attached += 1;
+            probes.extend(
+                programs
+                    .iter()
+                    .map(|&program| (program, site, Some(u64::from(id)))),
+            );
+        }
+        self.attach_uprobes(pid, ProbedLibrary::CudaDriver, driver, &probes)
+    }
+
+    /// Attach the hand-over probe (entry and return) to libzmq's `zmq_msg_send` at `site` of
+    /// the library at `libzmq`, for process `pid` only.
+    pub fn probe_zmq(
+        &mut self,
+        pid: u32,
+        libzmq: &Path,
+        sites: &[ProbeSite],
+    ) -> anyhow::Result<usize> {
+        let probes: Vec<_> = sites
+            .iter()
+            .flat_map(|site| [(ZMQ_ENTER, site, None), (ZMQ_RETURN, site, None)])
+            .collect();
+        self.attach_uprobes(pid, ProbedLibrary::Libzmq, libzmq, &probes)
+    }
+
+    /// Attach uprobes (program, site, cookie) to the library at `path` for process `pid`
+    /// only, loading each program on first use; the links are kept to detach them with the
+    /// process.
+    fn attach_uprobes(
+        &mut self,
+        pid: u32,
+        library: ProbedLibrary,
+        path: &Path,
+        probes: &[(&'static str, &ProbeSite, Option<u64>)],
+    ) -> anyhow::Result<usize> {
+        let scope = UProbeScope::OneProcess(
+            NonZeroU32::new(pid).context("pid 0 has no libraries to probe")?,
+        );
+        let mut attached = 0;
+        for &(name, site, cookie) in probes {
+            if !self.uprobes_loaded.contains(name) {
+                self.uprobe(name)?
+                    .load()
+                    .with_context(|| format!("verifier rejected {name}"))?;
+                self.uprobes_loaded.insert(name);
             }
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(site.file_offset),
+                cookie,
+            };
+            let link = self
+                .uprobe(name)?
+                .attach(point, path, scope)
+                .with_context(|| {
+                    format!(
+                        "attaching {name} to {} at {:#x} of {} for pid {pid}",
+                        site.symbol,
+                        site.file_offset,
+                        path.display()
+                    )
+                })?;
+            self.uprobe_links
+                .entry((pid, library))
+                .or_default()
+                .push((name, link));
+            attached += 1;
         }
         Ok(attached)
     }
 
-    /// Detach the CUDA probes of a process (it exited or replaced its program).
-    pub fn unprobe_cuda(&mut self, pid: u32) {
-        for (name, link) in self.cuda_links.remove(&pid).unwrap_or_default() {
+    /// Detach the probes on one library of a process (it exited or replaced its program).
+    pub fn unprobe(&mut self, pid: u32, library: ProbedLibrary) {
+        for (name, link) in self
+            .uprobe_links
+            .remove(&(pid, library))
+            .unwrap_or_default()
+        {
             if let Ok(program) = self.uprobe(name) {
                 let _ = program.detach(link);
             }

@@ -10,10 +10,11 @@ use anyhow::bail;
 
 use super::{
     CaptureEvent, ProcessInfo, Record,
-    cuda_watch::CudaWatch,
+    cuda_watch::{CudaDriver, CudaWatch},
     kernel::{KernelCapture, KernelOptions},
     python_watch::PythonWatch,
     records,
+    zmq_watch::{Libzmq, ZmqWatch},
 };
 use crate::discover::{
     engine::{self, Engine, Role},
@@ -35,6 +36,8 @@ pub struct LiveCapture {
     kernel: KernelCapture,
     /// Traced processes' CUDA drivers: found, probed, or looked for again.
     pub cuda: CudaWatch,
+    /// Traced processes' libzmq: its sends probed.
+    pub zmq: ZmqWatch,
     /// Traced Python processes: sampled, their stacks named.
     pub python: PythonWatch,
     roles: Roles,
@@ -59,13 +62,17 @@ impl LiveCapture {
             }
         }
         let mut kernel = KernelCapture::load(options)?;
-        let mut cuda = CudaWatch::new(options.cuda);
+        let mut cuda = CudaWatch::new(CudaDriver(options.cuda));
+        let mut zmq = ZmqWatch::new(Libzmq {
+            off: options.no_zmq_probe,
+        });
         let mut python = PythonWatch::start(options.python, &mut kernel);
         let mut events = Vec::new();
         for &pid in pids {
             for member in procfs::process_tree(pid) {
                 kernel.track(member)?;
                 cuda.watch(member);
+                zmq.watch(member);
                 python.watch(member, &mut kernel);
                 if let Some(info) = process_info(member) {
                     events.push(CaptureEvent::Process(info));
@@ -80,6 +87,7 @@ impl LiveCapture {
             Self {
                 kernel,
                 cuda,
+                zmq,
                 python,
                 roles: Roles::default(),
                 sockets: SocketLookup::default(),
@@ -98,6 +106,7 @@ impl LiveCapture {
     /// the decoders must still give up on lost records after a bounded wait.
     pub fn poll(&mut self, out: &mut Vec<CaptureEvent>) -> bool {
         self.cuda.look(&mut self.kernel);
+        self.zmq.look(&mut self.kernel);
         let mut parsed = Vec::new();
         let mut bad = 0;
         let n = self
@@ -162,6 +171,7 @@ impl LiveCapture {
                 match procfs::tgid_of(*child) {
                     Some(tgid) if tgid == *child => {
                         self.cuda.watch(*child);
+                        self.zmq.watch(*child);
                         self.python.watch(*child, &mut self.kernel);
                         if let Some(info) = process_info(*child) {
                             out.push(CaptureEvent::Process(info));
@@ -174,6 +184,8 @@ impl LiveCapture {
                 self.roles.forget(header.tgid);
                 self.cuda.forget(header.tgid, &mut self.kernel);
                 self.cuda.watch(header.tgid);
+                self.zmq.forget(header.tgid, &mut self.kernel);
+                self.zmq.watch(header.tgid);
                 self.python.forget(header.tgid, &mut self.kernel);
                 self.python.watch(header.tgid, &mut self.kernel);
                 if let Some(info) = process_info(header.tgid) {
@@ -183,6 +195,7 @@ impl LiveCapture {
             Record::Exit { header } => {
                 self.roles.forget(header.tgid);
                 self.cuda.forget(header.tgid, &mut self.kernel);
+                self.zmq.forget(header.tgid, &mut self.kernel);
                 self.python.forget(header.tgid, &mut self.kernel);
                 self.sockets.forget(header.tgid);
                 self.kernel.forget_process(header.tgid);
@@ -192,7 +205,8 @@ impl LiveCapture {
             | Record::Poll { .. }
             | Record::CudaStep(_)
             | Record::CudaCall(_)
-            | Record::CudaName(_) => {}
+            | Record::CudaName(_)
+            | Record::ZmqSend(_) => {}
             Record::PySample(sample) => self.python.sample(sample, &mut self.kernel, out),
         }
     }

@@ -3,10 +3,12 @@
 //! ([`recording`]), and replay reads it back, so all later stages run the same either way.
 pub mod cuda_watch;
 pub mod kernel;
+pub mod library_watch;
 pub mod live;
 pub mod python_watch;
 pub mod recording;
 pub mod records;
+pub mod zmq_watch;
 
 use serde::{Deserialize, Serialize};
 

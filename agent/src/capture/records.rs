@@ -4,7 +4,7 @@
 //! recorded files are untrusted input to `infertrace replay`.
 use infertrace_common::{
     CudaCallRecord, CudaNameRecord, CudaStepRecord, IoRecord, NewFdRecord, PollRecord, ProcRecord,
-    PySampleRecord, RecordHeader, kind,
+    PySampleRecord, RecordHeader, ZmqSendRecord, kind,
 };
 use thiserror::Error;
 
@@ -51,6 +51,8 @@ pub enum Record {
     CudaName(Box<CudaNameRecord>),
     /// A Python thread's stack sample (its stack interned in the kernel's `PY_STACKS`).
     PySample(PySampleRecord),
+    /// An application thread handed a message to libzmq.
+    ZmqSend(ZmqSendRecord),
 }
 
 impl Record {
@@ -67,6 +69,7 @@ impl Record {
             Record::CudaCall(r) => &r.header,
             Record::CudaName(r) => &r.header,
             Record::PySample(r) => &r.header,
+            Record::ZmqSend(r) => &r.header,
         }
     }
 }
@@ -141,6 +144,7 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
         kind::CUDA_CALL => Ok(Record::CudaCall(read(bytes)?)),
         kind::CUDA_NAME => Ok(Record::CudaName(Box::new(read(bytes)?))),
         kind::PY_SAMPLE => Ok(Record::PySample(read(bytes)?)),
+        kind::ZMQ_SEND => Ok(Record::ZmqSend(read(bytes)?)),
         other => Err(RecordError::UnknownKind(other)),
     }
 }
@@ -225,6 +229,7 @@ pub fn encode(record: &Record) -> Vec<u8> {
         Record::CudaCall(r) => bytes_of(r),
         Record::CudaName(r) => bytes_of(r.as_ref()),
         Record::PySample(r) => bytes_of(r),
+        Record::ZmqSend(r) => bytes_of(r),
     }
 }
 
@@ -351,6 +356,16 @@ mod tests {
                 depth: 3,
                 flags: 2,
                 comm: *b"VLLM::EngineCor\0",
+            }),
+            Record::ZmqSend(ZmqSendRecord {
+                header: RecordHeader {
+                    kind: kind::ZMQ_SEND,
+                    ..header
+                },
+                socket: 0x5555_0000_1000,
+                enter_ns: 7,
+                size: 1234,
+                _pad: 0,
             }),
         ];
         for record in records {

@@ -49,6 +49,8 @@ pub enum Decoded {
     Cuda(CudaEvent),
     /// A Python thread's stack sample.
     PySample(Box<PySample>),
+    /// An application thread handed a message to libzmq (the `zmq_msg_send` probe).
+    Handover(Handover),
 }
 
 /// One 8-byte eventfd read or write: who signalled whom, and when.
@@ -72,12 +74,31 @@ pub struct LoopWait {
     pub exit_ns: u64,
 }
 
+/// A message handed to libzmq: `zmq_msg_send` returned for its last part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handover {
+    pub tgid: u32,
+    pub tid: u32,
+    /// libzmq's socket object.
+    pub socket: u64,
+    /// When the call began: the I/O thread may write the message before the call returns.
+    pub enter_ns: u64,
+    /// When the call returned.
+    pub ns: u64,
+    /// The size of the part it passed: the length of the message's last frame.
+    pub size: u32,
+}
+
 impl Decoded {
     /// Decoded from captured bytes (not the note of a process or of a loop's wait).
     pub fn is_message(&self) -> bool {
         !matches!(
             self,
-            Decoded::Process(_) | Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_)
+            Decoded::Process(_)
+                | Decoded::LoopWait(_)
+                | Decoded::Cuda(_)
+                | Decoded::PySample(_)
+                | Decoded::Handover(_)
         )
     }
 
@@ -93,6 +114,7 @@ impl Decoded {
             Decoded::Zmtp { message, .. } => message.first_ns,
             Decoded::Wakeup(w) => w.ns,
             Decoded::LoopWait(w) => w.exit_ns,
+            Decoded::Handover(h) => h.ns,
             // Known before any message: sorted first.
             Decoded::Process(_) => 0,
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
@@ -119,6 +141,7 @@ impl Decoded {
             // A name is needed by the steps after it: sorted first, like a process.
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
             Decoded::PySample(sample) => sample.ns,
+            Decoded::Handover(h) => h.ns,
         }
     }
 }
@@ -443,6 +466,14 @@ impl FlowTable {
                     self.end(key, header.ts_ns, &mut out);
                 }
             }
+            CaptureEvent::Kernel(Record::ZmqSend(r)) => out.push(Decoded::Handover(Handover {
+                tgid: r.header.tgid,
+                tid: r.header.tid,
+                socket: r.socket,
+                enter_ns: r.enter_ns,
+                ns: r.header.ts_ns,
+                size: r.size,
+            })),
             CaptureEvent::Kernel(Record::Poll {
                 header, enter_ns, ..
             }) => out.push(Decoded::LoopWait(LoopWait {

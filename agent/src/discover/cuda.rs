@@ -15,7 +15,8 @@
 //! before anything is attached, so that the cost can be reported and a site skipped.
 use std::path::{Path, PathBuf};
 
-use object::{Object, ObjectSegment, ObjectSymbol};
+pub use super::uprobe_sites::ProbeSite;
+use super::uprobe_sites::{self};
 
 /// What the driver library's file name starts with (`libcuda.so.1`, `libcuda.so.550.54.15`).
 const DRIVER_PREFIX: &str = "libcuda.so";
@@ -54,82 +55,19 @@ pub enum CudaError {
 /// The path (as the process sees it) of the CUDA driver library mapped in a process, from the
 /// text of its `/proc/PID/maps`.
 pub fn driver_in_maps(maps: &str) -> Option<&str> {
-    maps.lines()
-        .filter_map(|line| line.split_whitespace().nth(5))
-        .find(|path| {
-            Path::new(path)
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(DRIVER_PREFIX))
-        })
+    uprobe_sites::mapped_library(maps, DRIVER_PREFIX)
 }
 
 /// The driver library of process `pid`, as a path this process can open; None when the process
 /// has not loaded it (yet: a process may load it after attach, so callers look again).
 pub fn driver_of(pid: u32) -> Option<PathBuf> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let path = driver_in_maps(&maps)?;
-    Some(PathBuf::from(format!("/proc/{pid}/root{path}")))
-}
-
-/// What a uprobe on a site costs, from its first instruction.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SiteCost {
-    /// The kernel emulates the instruction: about a microsecond per hit here.
-    Emulated(&'static str),
-    /// The instruction is copied and single-stepped: tens of microseconds per hit here.
-    SingleStepped(String),
-}
-
-impl SiteCost {
-    pub fn is_expensive(&self) -> bool {
-        matches!(self, SiteCost::SingleStepped(_))
-    }
-}
-
-/// One place to attach a uprobe: a driver function's variant and its file offset.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProbeSite {
-    /// The base name in [`PROBED_FUNCTIONS`].
-    pub function: &'static str,
-    /// The exported name (a variant of it).
-    pub symbol: String,
-    /// Offset of its first instruction in the file (what a uprobe attaches to).
-    pub file_offset: u64,
-    pub cost: SiteCost,
+    uprobe_sites::library_of(pid, DRIVER_PREFIX)
 }
 
 /// The probe sites of a driver library's bytes: every exported variant of every probed
 /// function that is defined in it, once per address (versioned aliases share one).
 pub fn probe_sites(elf: &[u8]) -> Result<Vec<ProbeSite>, object::Error> {
-    let file = object::File::parse(elf)?;
-    let mut sites: Vec<ProbeSite> = Vec::new();
-    for symbol in file.dynamic_symbols() {
-        let (Ok(name), true) = (symbol.name(), symbol.is_definition()) else {
-            continue;
-        };
-        let Some(function) = probed_function(name) else {
-            continue;
-        };
-        let Some(file_offset) = file_offset(&file, symbol.address()) else {
-            continue;
-        };
-        if sites.iter().any(|s| s.file_offset == file_offset) {
-            continue;
-        }
-        let code = usize::try_from(file_offset)
-            .ok()
-            .and_then(|at| elf.get(at..))
-            .unwrap_or_default();
-        sites.push(ProbeSite {
-            function,
-            symbol: name.to_owned(),
-            file_offset,
-            cost: first_instruction_cost(code),
-        });
-    }
-    sites.sort_by(|a, b| (a.function, &a.symbol).cmp(&(b.function, &b.symbol)));
-    Ok(sites)
+    uprobe_sites::sites(elf, probed_function)
 }
 
 /// The probe sites of the driver library at `path`.
@@ -148,40 +86,6 @@ fn probed_function(name: &str) -> Option<&'static str> {
         name.strip_prefix(base)
             .is_some_and(|suffix| VARIANT_SUFFIXES.contains(&suffix))
     })
-}
-
-/// The file offset of virtual address `address`, through the loadable segment holding it.
-pub(crate) fn file_offset(file: &object::File, address: u64) -> Option<u64> {
-    file.segments().find_map(|segment| {
-        let (offset, size) = segment.file_range();
-        let start = segment.address();
-        (start..start + size)
-            .contains(&address)
-            .then(|| address - start + offset)
-    })
-}
-
-/// Classify a site by its first x86-64 instruction, as the kernel's uprobe code treats it
-/// (arch/x86/kernel/uprobes.c: `push` of a register, no-ops and relative jumps and calls are
-/// emulated; the rest is single-stepped out of line).
-fn first_instruction_cost(code: &[u8]) -> SiteCost {
-    match code {
-        [0x50..=0x57, ..] => SiteCost::Emulated("push"),
-        [0x41, 0x50..=0x57, ..] => SiteCost::Emulated("push"),
-        [0x90, ..] => SiteCost::Emulated("nop"),
-        [0x0f, 0x1f, ..] => SiteCost::Emulated("nop"),
-        [0x66, 0x0f, 0x1f, ..] => SiteCost::Emulated("nop"),
-        [0xe9, ..] | [0xeb, ..] => SiteCost::Emulated("jmp"),
-        [0xe8, ..] => SiteCost::Emulated("call"),
-        [] => SiteCost::SingleStepped("no code at the symbol".into()),
-        [first, rest @ ..] => SiteCost::SingleStepped(format!(
-            "first bytes {first:02x}{}",
-            rest.iter()
-                .take(3)
-                .map(|b| format!(" {b:02x}"))
-                .collect::<String>()
-        )),
-    }
 }
 
 #[cfg(test)]
@@ -225,33 +129,6 @@ mod tests {
         assert_eq!(probed_function("cuGraphLaunch_ptsz"), Some("cuGraphLaunch"));
         assert_eq!(probed_function("cuLaunchKernelFoo"), None);
         assert_eq!(probed_function("cuMemAlloc_v2"), None);
-    }
-
-    #[test]
-    fn first_instructions_are_classified_as_the_kernel_treats_them() {
-        assert_eq!(
-            first_instruction_cost(&[0x55, 0x48]),
-            SiteCost::Emulated("push")
-        );
-        assert_eq!(
-            first_instruction_cost(&[0x41, 0x57]),
-            SiteCost::Emulated("push")
-        );
-        let nop5 = [0x0f, 0x1f, 0x44, 0x00, 0x00];
-        assert_eq!(first_instruction_cost(&nop5), SiteCost::Emulated("nop"));
-        assert_eq!(
-            first_instruction_cost(&[0xe9, 0, 0, 0, 0]),
-            SiteCost::Emulated("jmp")
-        );
-        // mov %rdi,%rax and endbr64: single-stepped.
-        let mov = first_instruction_cost(&[0x48, 0x89, 0xf8]);
-        assert!(mov.is_expensive(), "{mov:?}");
-        let endbr = first_instruction_cost(&[0xf3, 0x0f, 0x1e, 0xfa]);
-        assert_eq!(
-            endbr,
-            SiteCost::SingleStepped("first bytes f3 0f 1e fa".into())
-        );
-        assert!(first_instruction_cost(&[]).is_expensive());
     }
 
     #[test]

@@ -6,3 +6,5 @@ pub mod procfs;
 pub mod python;
 pub mod sockets;
 pub mod system;
+pub mod uprobe_sites;
+pub mod zmq;

@@ -21,7 +21,7 @@ use std::{
 use infertrace_common::{PY_NO_OFFSET, PyOffsets};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use super::cuda::file_offset;
+use super::uprobe_sites::file_offset;
 
 /// Offsets userspace needs to name a code object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -447,9 +447,10 @@ impl Memory {
     /// A `str` object's text (compact strings only, as code objects' names are; at most 512
     /// characters).
     fn string(&self, at: u64, o: &CodeOffsets) -> Option<String> {
-        let state = self.bytes(at + u64::from(o.unicode_state), 4)?;
+        let field = |offset: u32| at.checked_add(u64::from(offset));
+        let state = self.bytes(field(o.unicode_state)?, 4)?;
         let state = u32::from_le_bytes(state.try_into().ok()?);
-        let len = usize::try_from(self.u64_at(at + u64::from(o.unicode_length))?)
+        let len = usize::try_from(self.u64_at(field(o.unicode_length)?)?)
             .ok()?
             .min(512);
         let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
@@ -462,7 +463,7 @@ impl Memory {
             o.compact_data
         };
         let width = kind.clamp(1, 4) as usize;
-        let raw = self.bytes(at + u64::from(data), len * width)?;
+        let raw = self.bytes(field(data)?, len * width)?;
         Some(
             raw.chunks(width)
                 .map(|c| {
@@ -477,10 +478,12 @@ impl Memory {
     }
 
     /// The qualified name, file and first line of the code object at `code`.
+    /// Garbage (a stack walked with wrong offsets) gives None or nonsense, never a fault.
     pub fn code_object(&self, code: u64, o: &CodeOffsets) -> Option<CodeName> {
-        let name = self.string(self.u64_at(code + u64::from(o.qualname))?, o)?;
-        let file = self.string(self.u64_at(code + u64::from(o.filename))?, o)?;
-        let line = self.bytes(code + u64::from(o.firstlineno), 4)?;
+        let field = |offset: u32| code.checked_add(u64::from(offset));
+        let name = self.string(self.u64_at(field(o.qualname)?)?, o)?;
+        let file = self.string(self.u64_at(field(o.filename)?)?, o)?;
+        let line = self.bytes(field(o.firstlineno)?, 4)?;
         Some(CodeName {
             name,
             file,

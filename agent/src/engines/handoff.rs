@@ -31,13 +31,18 @@
 //! Sending is the mirror image: the application thread's `send` queues the message and, when
 //! the I/O thread was idle, wakes it by writing the I/O thread's mailbox; the I/O thread's
 //! write to the socket (the syscall captured) comes after. The application's instant (SGLang's
-//! "dispatched", the scheduler's end of a step) is that mailbox write: the eventfd most often
-//! written just before sends, learned by votes like the receive side's. Each write hands over
-//! one message, however long the I/O thread then waited for a CPU; a message sent with no
-//! write before it keeps its send time (counted).
+//! "dispatched", the scheduler's end of a step) is the return of libzmq's `zmq_msg_send`, which
+//! a uprobe sees ([`Handover`], matched to the writes by `send_probe`). Without the probe (a
+//! process whose libzmq could not be probed, a recording made before it, a socket not learned
+//! yet) it is the mailbox write: the eventfd most often written just before sends, learned by
+//! votes like the receive side's; each write hands over one message, however long the I/O
+//! thread then waited for a CPU. A message sent with neither keeps its send time (counted): the
+//! I/O thread was awake already, busy or waiting for a CPU, and the application's send left no
+//! syscall.
 use std::collections::{HashMap, VecDeque};
 
-use crate::decode::flows::{LoopWait, Wakeup};
+use super::send_probe::SendProbe;
+use crate::decode::flows::{Handover, LoopWait, Wakeup};
 
 /// A write this long after a message is not that message's signal.
 const SIGNAL_WINDOW_NS: u64 = 1_000_000;
@@ -64,8 +69,11 @@ pub struct HandoffStats {
     /// Messages kept at their arrival time: received while the loop was busy, before the
     /// mailbox was learned, or in a capture without eventfds.
     pub at_arrival: u64,
-    /// Messages sent whose hand-over to the I/O thread was seen (its mailbox write).
+    /// Messages sent whose hand-over to the I/O thread was seen (libzmq's send returning, or
+    /// its mailbox write).
     pub handed_over: u64,
+    /// Of those, messages timed by the probe on libzmq's send (the rest: by the mailbox write).
+    pub send_probed: u64,
     /// Messages sent timed at the I/O thread's write (it was already awake, or no eventfds).
     pub at_send: u64,
 }
@@ -99,6 +107,8 @@ struct Process {
     send_votes: HashMap<u32, u32>,
     /// The I/O thread's mailbox, written by the application thread to have a message sent.
     send_mailbox: Option<u32>,
+    /// The application's sends as libzmq's probe saw them.
+    send_probe: SendProbe,
 }
 
 /// Take-over instants of received messages, per process process.
@@ -126,10 +136,29 @@ impl Handoffs {
         process.voted = false;
     }
 
-    /// Process `tgid`'s I/O thread started writing a message at `ns`. `keep`: its hand-over
-    /// instant will be asked for ([`Handoffs::taken_at`] answers for it too).
-    pub fn sent(&mut self, tgid: u32, ns: u64, keep: bool) {
+    /// An application thread of process `h.tgid` handed a message to libzmq.
+    pub fn handed_over(&mut self, h: &Handover) {
+        self.processes
+            .entry(h.tgid)
+            .or_default()
+            .send_probe
+            .handed_over(h);
+    }
+
+    /// Process `tgid`'s I/O thread started writing a message to `fd` at `ns`, whose last frame
+    /// is `last_frame` bytes long (call it for every message sent: each one moves its socket's
+    /// hand-overs on). `keep`: its hand-over instant will be asked for ([`Handoffs::taken_at`]
+    /// answers for it too).
+    pub fn sent(&mut self, tgid: u32, fd: u32, ns: u64, last_frame: usize, keep: bool) {
         let process = self.processes.entry(tgid).or_default();
+        if let Some(handed) = process.send_probe.written(fd, ns, last_frame) {
+            if keep {
+                self.stats.handed_over += 1;
+                self.stats.send_probed += 1;
+                self.remember(ns, handed);
+            }
+            return;
+        }
         let send_mailbox = process.send_mailbox;
         let latest = process
             .recent_writes
@@ -275,6 +304,10 @@ mod tests {
     const OTHER: u32 = 30;
     const US: u64 = 1_000;
     const MS: u64 = 1_000_000;
+    /// The socket a process's I/O thread writes its sends to.
+    const SEND_FD: u32 = 40;
+    /// The length of the messages' last frame.
+    const FRAME: usize = 64;
 
     fn wakeup(fd: u32, ns: u64, write: bool) -> Wakeup {
         Wakeup {
@@ -439,30 +472,65 @@ mod tests {
         for i in 1..=3 {
             let at = i * 10 * MS;
             h.wakeup(&app_signal(at - 50 * US));
-            h.sent(PID, at, true);
+            h.sent(PID, SEND_FD, at, FRAME, true);
             let handed = if i == 3 { at - 50 * US } else { at };
             assert_eq!(h.taken_at(at), handed, "send {i}");
         }
         // Two messages out of one wake-up: the second was queued later, its send time stays.
         h.wakeup(&app_signal(40 * MS));
-        h.sent(PID, 40 * MS + 30 * US, true);
-        h.sent(PID, 40 * MS + 60 * US, true);
+        h.sent(PID, SEND_FD, 40 * MS + 30 * US, FRAME, true);
+        h.sent(PID, SEND_FD, 40 * MS + 60 * US, FRAME, true);
         assert_eq!(h.taken_at(40 * MS + 30 * US), 40 * MS);
         assert_eq!(h.taken_at(40 * MS + 60 * US), 40 * MS + 60 * US);
         // An I/O thread kept off the CPU for a while still sends what that write handed over,
         // and the write before it, never consumed, is stale from then on.
         h.wakeup(&app_signal(42 * MS));
         h.wakeup(&app_signal(44 * MS));
-        h.sent(PID, 49 * MS, true);
+        h.sent(PID, SEND_FD, 49 * MS, FRAME, true);
         assert_eq!(h.taken_at(49 * MS), 44 * MS);
-        h.sent(PID, 49 * MS + 10 * US, true);
+        h.sent(PID, SEND_FD, 49 * MS + 10 * US, FRAME, true);
         assert_eq!(h.taken_at(49 * MS + 10 * US), 49 * MS + 10 * US);
         // A write long before, or another eventfd's, hands nothing over.
         h.wakeup(&app_signal(50 * MS));
-        h.sent(PID, 50 * MS + 2 * SEND_WAKE_WINDOW_NS, true);
+        h.sent(PID, SEND_FD, 50 * MS + 2 * SEND_WAKE_WINDOW_NS, FRAME, true);
         h.wakeup(&wakeup(OTHER, 60 * MS, true));
-        h.sent(PID, 60 * MS + 10 * US, true);
+        h.sent(PID, SEND_FD, 60 * MS + 10 * US, FRAME, true);
         assert_eq!(h.taken_at(60 * MS + 10 * US), 60 * MS + 10 * US);
         assert_eq!((h.stats.handed_over, h.stats.at_send), (3, 6));
+    }
+
+    #[test]
+    fn a_send_the_probe_saw_is_timed_at_its_hand_over_whatever_woke_the_io_thread() {
+        const SOCKET: u64 = 0x7f00_0000_1000;
+        let mut h = Handoffs::default();
+        let handover = |ns| Handover {
+            tgid: PID,
+            tid: PID,
+            socket: SOCKET,
+            enter_ns: ns - 3 * US,
+            ns,
+            size: FRAME as u32,
+        };
+        // The probe's socket is learned from three sends; before that, the mailbox rules
+        // (nothing here) keep the send time.
+        for i in 1..=3 {
+            let at = i * 10 * MS;
+            h.handed_over(&handover(at - 40 * US));
+            h.sent(PID, SEND_FD, at, FRAME, true);
+            let handed = if i == 3 { at - 40 * US } else { at };
+            assert_eq!(h.taken_at(at), handed, "send {i}");
+        }
+        // A request handed over while the I/O thread, woken for the one before, waited 6 ms
+        // for a CPU: no mailbox write of its own, its own hand-over all the same.
+        h.handed_over(&handover(40 * MS));
+        h.handed_over(&handover(42 * MS));
+        h.sent(PID, SEND_FD, 46 * MS, FRAME, true);
+        h.sent(PID, SEND_FD, 46 * MS + 20 * US, FRAME, true);
+        assert_eq!(h.taken_at(46 * MS), 40 * MS);
+        assert_eq!(h.taken_at(46 * MS + 20 * US), 42 * MS);
+        assert_eq!(
+            (h.stats.handed_over, h.stats.send_probed, h.stats.at_send),
+            (3, 3, 2)
+        );
     }
 }

@@ -283,6 +283,7 @@ impl SglangTracker {
                 }
             }
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
+            Decoded::Handover(handover) => self.handoffs.handed_over(handover),
             // SGLang's frontend handles an output in the task that read it: the mailbox read
             // is its instant, with no loop iteration to wait for.
             // GPU steps and Python samples go to the pipeline's own stages.
@@ -297,17 +298,36 @@ impl SglangTracker {
             }
             Decoded::Zmtp {
                 tgid,
+                fd,
                 outgoing,
                 message,
-                ..
-            } => match self.decoder.decode(&message.frames) {
-                Some(Ok(m)) => self.message(*tgid, *outgoing, m, message.first_ns, message.last_ns),
-                Some(Err(e)) => {
-                    self.stats.undecodable += 1;
-                    tracing::debug!("undecodable SGLang message: {e}");
+            } => {
+                let decoded = self.decoder.decode(&message.frames);
+                if *outgoing {
+                    // Every message sent moves its socket's hand-overs on; the instants asked
+                    // about are those of requests and of the scheduler's outputs.
+                    let asked = match &decoded {
+                        Some(Ok(SglangMessage::Request(r))) => {
+                            !r.rid.starts_with(HEALTH_CHECK_PREFIX)
+                        }
+                        Some(Ok(SglangMessage::Outputs(o))) => o.stage == OutputStage::TokenIds,
+                        _ => false,
+                    };
+                    let last_frame = message.frames.last().map_or(0, Vec::len);
+                    self.handoffs
+                        .sent(*tgid, *fd, message.first_ns, last_frame, asked);
                 }
-                None => {}
-            },
+                match decoded {
+                    Some(Ok(m)) => {
+                        self.message(*tgid, *outgoing, m, message.first_ns, message.last_ns);
+                    }
+                    Some(Err(e)) => {
+                        self.stats.undecodable += 1;
+                        tracing::debug!("undecodable SGLang message: {e}");
+                    }
+                    None => {}
+                }
+            }
         }
     }
 
@@ -326,7 +346,6 @@ impl SglangTracker {
                     return;
                 }
                 self.stats.requests += 1;
-                self.handoffs.sent(tgid, first_ns, true);
                 let mut timeline = SglangTimeline::new(&r, tgid, first_ns);
                 timeline.stream_interval = r
                     .sampling
@@ -343,7 +362,6 @@ impl SglangTracker {
                 }
             }
             (SglangMessage::Outputs(o), true) if o.stage == OutputStage::TokenIds => {
-                self.handoffs.sent(tgid, first_ns, true);
                 for item in &o.items {
                     if let Some(t) = self.in_flight.get_mut(&item.rid) {
                         SglangTimeline::push_bounded(

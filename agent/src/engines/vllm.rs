@@ -388,8 +388,12 @@ impl VllmTracker {
             },
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
             Decoded::LoopWait(wait) => self.handoffs.loop_waited(wait),
-            // GPU steps and Python samples go to the pipeline's own stages.
-            Decoded::Process(_) | Decoded::Cuda(_) | Decoded::PySample(_) => {}
+            // GPU steps and Python samples go to the pipeline's own stages; vLLM's sends are
+            // timed at their write.
+            Decoded::Process(_)
+            | Decoded::Cuda(_)
+            | Decoded::PySample(_)
+            | Decoded::Handover(_) => {}
         }
     }
 

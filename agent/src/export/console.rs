@@ -68,6 +68,13 @@ impl Console {
                     w.tgid, w.fd, w.tid
                 );
             }
+            Decoded::Handover(h) => {
+                let _ = write!(
+                    line,
+                    " zmq pid={} tid={} handed over {} B on socket {:#x}",
+                    h.tgid, h.tid, h.size, h.socket
+                );
+            }
             Decoded::LoopWait(_) | Decoded::PySample(_) => {}
             Decoded::Cuda(CudaEvent::Step(step)) => {
                 let _ = write!(

@@ -80,6 +80,11 @@ pub const HANDED_OVER: MetricDef = counter(
     "infertrace_sends_handed_over_total",
     "Messages sent timed when the application handed them to libzmq's I/O thread.",
 );
+pub const SEND_PROBED: MetricDef = counter(
+    "infertrace_sends_probed_total",
+    "Of the messages sent timed at their hand-over, those the probe on libzmq's zmq_msg_send \
+     timed (the rest: the application's write to the I/O thread's mailbox).",
+);
 pub const AT_SEND: MetricDef = counter(
     "infertrace_sends_at_send_total",
     "Messages sent timed at the I/O thread's write (it was awake already, or its mailbox was \
@@ -91,7 +96,7 @@ pub const TRACES: MetricDef = counter(
 );
 
 /// Every agent metric, for exporters that declare instruments up front.
-pub static ALL: [&MetricDef; 17] = [
+pub static ALL: [&MetricDef; 18] = [
     &CAPTURED_SYSCALLS,
     &CUDA_LOOKUP_READ_FAILURES,
     &LOST_RECORDS,
@@ -107,6 +112,7 @@ pub static ALL: [&MetricDef; 17] = [
     &NEXT_ITERATION,
     &AT_ARRIVAL,
     &HANDED_OVER,
+    &SEND_PROBED,
     &AT_SEND,
     &TRACES,
 ];
@@ -143,6 +149,7 @@ pub fn tracker(
         (&NEXT_ITERATION, handoffs.next_iteration),
         (&AT_ARRIVAL, handoffs.at_arrival),
         (&HANDED_OVER, handoffs.handed_over),
+        (&SEND_PROBED, handoffs.send_probed),
         (&AT_SEND, handoffs.at_send),
         (&TRACES, traces),
     ] {

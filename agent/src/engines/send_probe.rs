@@ -1,0 +1,197 @@
+//! The messages a process's libzmq I/O thread wrote, matched to their hand-overs: the returns
+//! of the application's `zmq_msg_send` calls that the probe saw (ebpf/src/zmq.rs).
+//!
+//! A socket's messages leave in the order they were handed over (PUSH, DEALER to one peer: one
+//! pipe each), so the message its fd carries next is the oldest hand-over on that socket not
+//! yet matched whose size (what `zmq_msg_send` returned: the last part's) equals the message's
+//! last frame; older ones of other sizes were messages the capture never saw written, and go,
+//! so that one lost message does not shift every later match. Which socket writes to which fd
+//! is learned by votes: at a write, the socket of the latest hand-over of that size before it
+//! votes for the write's fd (the I/O thread most often writes a message right after its
+//! hand-over); [`VOTES_NEEDED`] agreeing votes decide. Until then, and
+//! for a socket with nothing pending, the message gets no hand-over from here (the caller
+//! falls back to the I/O thread's mailbox write, or the write itself).
+use std::collections::{HashMap, VecDeque};
+
+use crate::decode::flows::Handover;
+
+/// Votes an (fd, socket) pair needs before the socket is taken for the fd's writer.
+const VOTES_NEEDED: u32 = 3;
+/// A hand-over this much older than a write on its socket is not that write's message: its
+/// message was never written where the capture sees (dropped by libzmq, an unclassified fd).
+const STALE_NS: u64 = 100_000_000;
+/// Hand-overs kept per process.
+const MAX_PENDING: usize = 1024;
+
+/// A hand-over not matched to a write yet.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    enter_ns: u64,
+    return_ns: u64,
+    socket: u64,
+    size: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct SendProbe {
+    /// Hand-overs not matched yet, oldest first.
+    pending: VecDeque<Pending>,
+    votes: HashMap<(u32, u64), u32>,
+    socket_of_fd: HashMap<u32, u64>,
+}
+
+impl SendProbe {
+    /// The application handed a message to libzmq.
+    pub fn handed_over(&mut self, h: &Handover) {
+        if self.pending.len() == MAX_PENDING {
+            self.pending.pop_front();
+        }
+        self.pending.push_back(Pending {
+            enter_ns: h.enter_ns,
+            return_ns: h.ns,
+            socket: h.socket,
+            size: h.size,
+        });
+    }
+
+    /// The I/O thread began writing a message to `fd` at `ns`, whose last frame is `size`
+    /// bytes: when that message was handed over, if the probe saw it and the fd's socket is
+    /// known.
+    pub fn written(&mut self, fd: u32, ns: u64, size: usize) -> Option<u64> {
+        while self
+            .pending
+            .front()
+            .is_some_and(|p| p.enter_ns.saturating_add(STALE_NS) < ns)
+        {
+            self.pending.pop_front();
+        }
+        // The I/O thread, woken on another CPU, may write the message before the application's
+        // call has returned: a hand-over fits a write that began after the call did.
+        let fits = |p: &Pending| p.enter_ns <= ns && p.size as usize == size;
+        let latest = self.pending.iter().rposition(fits);
+        if let Some(i) = latest {
+            self.vote(fd, self.pending[i].socket);
+        }
+        let Some(&socket) = self.socket_of_fd.get(&fd) else {
+            // Not known yet: the latest hand-over is the likeliest to be this write's; it goes,
+            // so that the socket's queue is in step with its writes once the socket is known.
+            if let Some(i) = latest {
+                self.pending.remove(i);
+            }
+            return None;
+        };
+        let at = self
+            .pending
+            .iter()
+            .position(|p| p.socket == socket && fits(p))?;
+        // Its return is the instant (the send's, as the engines stamp it after the call).
+        let handed = self.pending[at].return_ns;
+        // The socket's hand-overs before it were never seen written: they go with it.
+        let mut index = 0;
+        self.pending.retain(|p| {
+            index += 1;
+            !(p.socket == socket && index <= at + 1)
+        });
+        Some(handed)
+    }
+
+    fn vote(&mut self, fd: u32, socket: u64) {
+        let count = self.votes.entry((fd, socket)).or_default();
+        *count += 1;
+        let count = *count;
+        let leader = self
+            .socket_of_fd
+            .get(&fd)
+            .and_then(|s| self.votes.get(&(fd, *s)))
+            .copied();
+        if count >= VOTES_NEEDED && leader.is_none_or(|l| count > l) {
+            self.socket_of_fd.insert(fd, socket);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: u64 = 1_000;
+    const MS: u64 = 1_000_000;
+    const TO_SCHEDULER: u64 = 0x7f00_0000_1000;
+    const CONTROL: u64 = 0x7f00_0000_2000;
+
+    const SIZE: usize = 300;
+
+    fn handover(ns: u64, socket: u64) -> Handover {
+        sized(ns, socket, SIZE)
+    }
+
+    fn sized(ns: u64, socket: u64, size: usize) -> Handover {
+        Handover {
+            tgid: 1,
+            tid: 1,
+            socket,
+            enter_ns: ns.saturating_sub(2 * US),
+            ns,
+            size: size as u32,
+        }
+    }
+
+    #[test]
+    fn a_write_gets_its_sockets_oldest_hand_over_once_the_socket_is_known() {
+        let mut p = SendProbe::default();
+        // Three quiet sends teach fd 9 its socket; the first two are not matched yet.
+        for i in 0..3 {
+            let at = i * 10 * MS;
+            p.handed_over(&handover(at, TO_SCHEDULER));
+            let matched = p.written(9, at + 30 * US, SIZE);
+            assert_eq!(matched, (i == 2).then_some(at), "send {i}");
+        }
+        // A burst while the I/O thread waits for a CPU: each write gets its own hand-over, in
+        // order, however late the writes come.
+        p.handed_over(&handover(100 * MS, TO_SCHEDULER));
+        p.handed_over(&handover(101 * MS, CONTROL));
+        p.handed_over(&handover(103 * MS, TO_SCHEDULER));
+        assert_eq!(p.written(9, 109 * MS, SIZE), Some(100 * MS));
+        assert_eq!(p.written(9, 109 * MS + 5 * US, SIZE), Some(103 * MS));
+        // Nothing pending on the socket: no hand-over, not another socket's.
+        assert_eq!(p.written(9, 120 * MS, SIZE), None);
+        // A hand-over long past, never written, is not a later write's.
+        p.handed_over(&handover(200 * MS, TO_SCHEDULER));
+        assert_eq!(p.written(9, 400 * MS, SIZE), None);
+    }
+
+    #[test]
+    fn a_hand_over_never_seen_written_does_not_shift_the_later_ones() {
+        let mut p = SendProbe::default();
+        for i in 0..3 {
+            p.handed_over(&handover(i * MS, TO_SCHEDULER));
+            p.written(9, i * MS + 10 * US, SIZE);
+        }
+        // A message of 100 bytes whose write the capture missed, then one of 200 written.
+        p.handed_over(&sized(10 * MS, TO_SCHEDULER, 100));
+        p.handed_over(&sized(11 * MS, TO_SCHEDULER, 200));
+        assert_eq!(p.written(9, 12 * MS, 200), Some(11 * MS));
+        // The next 100-byte message gets its own hand-over, not the lost one's.
+        p.handed_over(&sized(20 * MS, TO_SCHEDULER, 100));
+        assert_eq!(p.written(9, 21 * MS, 100), Some(20 * MS));
+    }
+
+    #[test]
+    fn a_write_before_the_send_returned_is_its_messages() {
+        let mut p = SendProbe::default();
+        for i in 1..=3 {
+            p.handed_over(&handover(i * MS, TO_SCHEDULER));
+            p.written(9, i * MS + 10 * US, SIZE);
+        }
+        // Written 1 µs before the call returned, 1 µs after it began.
+        p.handed_over(&handover(10 * MS, TO_SCHEDULER));
+        assert_eq!(p.written(9, 10 * MS - US, SIZE), Some(10 * MS));
+    }
+
+    #[test]
+    fn an_unknown_fd_gets_nothing() {
+        let mut p = SendProbe::default();
+        p.handed_over(&handover(MS, TO_SCHEDULER));
+        assert_eq!(p.written(5, 2 * MS, SIZE), None);
+    }
+}
