@@ -402,7 +402,8 @@ pub struct PyOffsets {
     pub interp_threads_head: u32,
     /// `PyThreadState.next`.
     pub tstate_next: u32,
-    /// `PyThreadState.native_thread_id` (the kernel's thread id).
+    /// `PyThreadState.native_thread_id` (the kernel's thread id), or 3.10's `thread_id` (the
+    /// TLS base: see [`PyProcess::fsbase_offset`]).
     pub tstate_native_thread_id: u32,
     /// `PyThreadState.cframe` (3.11, 3.12) or `.current_frame` (3.13).
     pub tstate_frame: u32,
@@ -426,7 +427,11 @@ pub struct PyProcess {
     /// Address of `_PyRuntime` in the process.
     pub runtime: u64,
     pub offsets: PyOffsets,
-    pub _pad: u32,
+    /// 0: a thread state's `tstate_native_thread_id` field holds the kernel's thread id
+    /// (3.11+). Else the offset of `thread.fsbase` in the kernel's `task_struct`: the field
+    /// holds the thread's TLS base (3.10's `thread_id`, `pthread_self()`), which the sampler
+    /// reads from the current task there.
+    pub fsbase_offset: u32,
 }
 
 /// An interned stack: code object addresses, innermost first.

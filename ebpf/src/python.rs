@@ -4,8 +4,10 @@
 //!
 //! The interpreter's layout comes from userspace per process (`PY_PROCS`: where `_PyRuntime`
 //! is and the offsets of its version). The thread's state is found by walking the interpreter's
-//! thread list for the one whose `native_thread_id` is the interrupted thread (and cached per
-//! thread, checked on every use). Frames are code object addresses, innermost first; a stack is
+//! thread list for the one whose `native_thread_id` is the interrupted thread (CPython 3.10,
+//! which has none: whose `thread_id` is the thread's TLS base, read from the current task at
+//! the offset userspace found in the kernel's BTF), and cached per thread, checked on every
+//! use. Frames are code object addresses, innermost first; a stack is
 //! stored once in `PY_STACKS` under a hash of its frames and the sample carries that hash, so
 //! a thread that stays in one place costs a 40-byte record per sample. Userspace names the code
 //! objects by reading the process's memory once per code object.
@@ -14,7 +16,8 @@ use core::ptr::null_mut;
 use aya_ebpf::{
     cty::c_void,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_loop,
     },
     macros::{map, perf_event},
     maps::{HashMap, PerCpuArray},
@@ -65,7 +68,8 @@ fn read_u8(at: u64) -> Option<u8> {
 #[derive(Clone, Copy)]
 struct Walk {
     process: PyProcess,
-    tid: u64,
+    /// What the thread state's id field holds for the sampled thread (see `python_sample`).
+    id: u64,
     /// The thread state or frame to look at next.
     cursor: u64,
     /// The thread state found.
@@ -73,7 +77,8 @@ struct Walk {
     /// FNV-1a of the frames so far.
     hash: u64,
     flags: u32,
-    _pad: u32,
+    /// The sampled thread's kernel id (the cache's key).
+    tid: u32,
 }
 
 #[map]
@@ -90,7 +95,7 @@ extern "C" fn thread_step(_index: u64, _ctx: *mut c_void) -> i64 {
         return 1;
     }
     let o = &w.process.offsets;
-    if read_u64(w.cursor + u64::from(o.tstate_native_thread_id)) == Some(w.tid) {
+    if read_u64(w.cursor + u64::from(o.tstate_native_thread_id)) == Some(w.id) {
         w.found = w.cursor;
         return 1;
     }
@@ -142,7 +147,7 @@ extern "C" fn frame_step(_index: u64, _ctx: *mut c_void) -> i64 {
     }
 }
 
-/// The thread state whose `native_thread_id` is the walk's thread, from the cache or the
+/// The thread state whose id field is the walk's thread's, from the cache or the
 /// interpreter's thread list.
 ///
 /// The walk state is handled through raw pointers only: `bpf_loop` changes it behind the
@@ -153,11 +158,17 @@ extern "C" fn frame_step(_index: u64, _ctx: *mut c_void) -> i64 {
 #[inline(always)]
 unsafe fn thread_state(w: *mut Walk) -> Option<u64> {
     // SAFETY (whole function): `w` is valid; no reference to it outlives a statement.
-    let (o, tid, runtime) = unsafe { ((*w).process.offsets, (*w).tid, (*w).process.runtime) };
-    let key = tid as u32;
+    let (o, id, key, runtime) = unsafe {
+        (
+            (*w).process.offsets,
+            (*w).id,
+            (*w).tid,
+            (*w).process.runtime,
+        )
+    };
     // SAFETY: copied out at once.
     if let Some(&cached) = unsafe { PY_THREADS.get(&key) } {
-        if read_u64(cached + u64::from(o.tstate_native_thread_id)) == Some(tid) {
+        if read_u64(cached + u64::from(o.tstate_native_thread_id)) == Some(id) {
             return Some(cached);
         }
         let _ = PY_THREADS.remove(&key);
@@ -239,9 +250,25 @@ pub fn python_sample(_ctx: PerfEventContext) -> u32 {
     };
     // SAFETY (all below): per-CPU values, no other user while this program runs on this CPU,
     // accessed through raw pointers only (see `thread_state`).
+    // What the thread state's id field holds for this thread.
+    let key = if process.fsbase_offset == 0 {
+        Some(u64::from(tid))
+    } else {
+        let task = unsafe { bpf_get_current_task() };
+        // SAFETY: a field of the current task, at the offset the kernel's BTF gives; read by
+        // the helper (fails, never faults).
+        unsafe { bpf_probe_read_kernel((task + u64::from(process.fsbase_offset)) as *const u64) }
+            .ok()
+    };
+    let Some(key) = key else {
+        record.flags = py_flags::NO_THREAD_STATE | py_flags::READ_FAILED;
+        submit(&record);
+        return 0;
+    };
     unsafe {
         (*w).process = process;
-        (*w).tid = u64::from(tid);
+        (*w).id = key;
+        (*w).tid = tid;
         (*w).flags = 0;
     }
     match unsafe { thread_state(w) } {

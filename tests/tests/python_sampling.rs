@@ -123,7 +123,11 @@ fn hot_functions_are_named_on_every_interpreter_here() {
         PathBuf::from("/usr/bin/python3.11"),
     ];
     assert!(interpreters[1].exists(), "Debian's python3.11");
-    interpreters.extend(["3.12", "3.13"].into_iter().filter_map(pyenv_python));
+    interpreters.extend(
+        ["3.10", "3.12", "3.13"]
+            .into_iter()
+            .filter_map(pyenv_python),
+    );
     println!("interpreters: {interpreters:?}");
     for python in &interpreters {
         check(python);
@@ -205,7 +209,7 @@ fn garbage_frames_are_sampled_without_errors() {
     let with_runtime = |runtime, offsets| PyProcess {
         runtime,
         offsets,
-        _pad: 0,
+        fsbase_offset: 0,
     };
     // Wrong runtimes first: no thread state is found, so none is cached for the threads yet.
     for (what, process) in [

@@ -10,7 +10,10 @@ use std::collections::{HashMap, HashSet};
 use infertrace_common::{PyProcess, PySampleRecord};
 
 use super::{CaptureEvent, kernel::KernelCapture};
-use crate::discover::python::{self, BinaryCache, CodeName, Memory, PythonError, PythonProcess};
+use crate::discover::{
+    btf,
+    python::{self, BinaryCache, CodeName, Memory, PythonError, PythonProcess},
+};
 
 /// Bounds of the caches (per agent); past them a cache starts over.
 const MAX_CODE_NAMES: usize = 65_536;
@@ -59,6 +62,8 @@ pub struct PythonWatch {
     /// (process, stack id) already named in the event stream.
     announced: HashSet<(u32, u64)>,
     names: HashMap<(u32, u64), CodeName>,
+    /// Where the kernel keeps a task's TLS base, once a 3.10 interpreter asked (from BTF).
+    fsbase_offset: Option<Result<u32, String>>,
     pub stats: PythonStats,
 }
 
@@ -80,6 +85,7 @@ impl PythonWatch {
             binaries: BinaryCache::default(),
             announced: HashSet::new(),
             names: HashMap::new(),
+            fsbase_offset: None,
             stats: PythonStats::default(),
         }
     }
@@ -105,10 +111,31 @@ impl PythonWatch {
                 return;
             }
         };
+        let fsbase_offset = if process.tls_thread_ids {
+            let found = self
+                .fsbase_offset
+                .get_or_insert_with(|| btf::task_fsbase_offset().map_err(|e| e.to_string()));
+            match found {
+                Ok(offset) => *offset,
+                Err(why) => {
+                    self.stats.unsupported += 1;
+                    tracing::warn!(
+                        "Python sampling: pid {pid}: CPython {}.{} names its threads by their TLS \
+                         base, which the sampler finds through the kernel's BTF: {why}; its \
+                         stacks are not sampled",
+                        process.version.0,
+                        process.version.1
+                    );
+                    return;
+                }
+            }
+        } else {
+            0
+        };
         let layout = PyProcess {
             runtime: process.runtime,
             offsets: process.frames,
-            _pad: 0,
+            fsbase_offset,
         };
         match kernel.sample_python_process(pid, layout) {
             Ok(()) => {

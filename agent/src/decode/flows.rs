@@ -114,7 +114,8 @@ impl Decoded {
             Decoded::Zmtp { message, .. } => message.first_ns,
             Decoded::Wakeup(w) => w.ns,
             Decoded::LoopWait(w) => w.exit_ns,
-            Decoded::Handover(h) => h.ns,
+            // Its call began before any write of its message: sorted ahead of them.
+            Decoded::Handover(h) => h.enter_ns,
             // Known before any message: sorted first.
             Decoded::Process(_) => 0,
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,

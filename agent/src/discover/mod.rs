@@ -1,4 +1,5 @@
 //! Which processes are engines, what their fds are, and what this host can trace.
+pub mod btf;
 pub mod cuda;
 pub mod engine;
 pub mod gpu;

@@ -11,7 +11,9 @@
 //! output for the release named on each row. They hold for release builds of that minor
 //! version (internal layouts do not change within one). From 3.13 on, the interpreter
 //! publishes its own offsets in `_Py_DebugOffsets` at the start of `_PyRuntime`: those are read
-//! from the process and preferred, the table being the fallback.
+//! from the process and preferred, the table being the fallback. 3.10 differs most: frames are
+//! `PyFrameObject`s (the walk follows `f_back`), code objects have no qualified name (`co_name`
+//! stands in), and thread states no kernel thread id (`thread_id` is the TLS base).
 use std::{
     collections::HashMap,
     os::unix::fs::{FileExt as _, MetadataExt as _},
@@ -46,6 +48,8 @@ struct Layout {
     from: &'static str,
     frames: PyOffsets,
     code: CodeOffsets,
+    /// Thread states hold the thread's TLS base (`pthread_self()`), not its kernel id.
+    tls_thread_ids: bool,
 }
 
 /// Code and string offsets of 3.12 and 3.13 (`PyASCIIObject` lost its `wstr` in 3.12).
@@ -61,6 +65,36 @@ const CODE_SINCE_3_12: CodeOffsets = CodeOffsets {
 
 /// `offsets.c`'s output per version (see the module docs).
 const LAYOUTS: &[Layout] = &[
+    Layout {
+        version: (3, 10),
+        from: "3.10.13",
+        // No interpreter frames yet: the thread state points to a `PyFrameObject` chain.
+        frames: PyOffsets {
+            runtime_interpreters_head: 32,
+            interp_threads_head: 8,
+            tstate_next: 8,
+            // `thread_id`: the TLS base.
+            tstate_native_thread_id: 176,
+            tstate_frame: 24,
+            cframe_current_frame: PY_NO_OFFSET,
+            frame_code: 32,
+            frame_previous: 24,
+            // No owner field: any readable byte of the frame; no frame is skipped.
+            frame_owner: 32,
+            owner_cstack: PY_NO_OFFSET,
+        },
+        code: CodeOffsets {
+            // No `co_qualname` before 3.11: `co_name` (functions named without their class).
+            qualname: 112,
+            filename: 104,
+            firstlineno: 40,
+            ascii_data: 48,
+            compact_data: 72,
+            unicode_state: 32,
+            unicode_length: 16,
+        },
+        tls_thread_ids: true,
+    },
     Layout {
         version: (3, 11),
         from: "3.11.7",
@@ -86,6 +120,7 @@ const LAYOUTS: &[Layout] = &[
             unicode_state: 32,
             unicode_length: 16,
         },
+        tls_thread_ids: false,
     },
     Layout {
         version: (3, 12),
@@ -104,6 +139,7 @@ const LAYOUTS: &[Layout] = &[
             owner_cstack: 3,
         },
         code: CODE_SINCE_3_12,
+        tls_thread_ids: false,
     },
     Layout {
         version: (3, 13),
@@ -121,6 +157,7 @@ const LAYOUTS: &[Layout] = &[
             owner_cstack: 3,
         },
         code: CODE_SINCE_3_12,
+        tls_thread_ids: false,
     },
 ];
 
@@ -248,6 +285,9 @@ pub struct PythonProcess {
     /// Where the offsets come from: the interpreter's `_Py_DebugOffsets`, or the table row
     /// (the release it was printed from).
     pub offsets_from: &'static str,
+    /// Its thread states hold each thread's TLS base, not its kernel id (3.10): the sampler
+    /// needs the kernel's `task_struct.thread.fsbase` offset.
+    pub tls_thread_ids: bool,
 }
 
 /// The table's offsets for a version (the fallback when the interpreter publishes none).
@@ -337,6 +377,7 @@ pub fn discover(pid: u32, binaries: &mut BinaryCache) -> Result<PythonProcess, P
         frames,
         code,
         offsets_from: from,
+        tls_thread_ids: layout.tls_thread_ids,
     })
 }
 
@@ -551,7 +592,7 @@ mod tests {
 
     #[test]
     fn every_known_version_has_offsets_and_garbage_elf_is_an_error() {
-        assert_eq!(known_versions(), "3.11, 3.12, 3.13");
+        assert_eq!(known_versions(), "3.10, 3.11, 3.12, 3.13");
         assert!(runtime_symbols(b"not an elf").is_err());
     }
 }

@@ -136,13 +136,22 @@ impl Handoffs {
         process.voted = false;
     }
 
-    /// An application thread of process `h.tgid` handed a message to libzmq.
+    /// An application thread of process `h.tgid` handed a message to libzmq. Its record can
+    /// come after the I/O thread's write of that message (the call returns after the write
+    /// began): that write, already timed by a fallback, is timed again by its hand-over.
     pub fn handed_over(&mut self, h: &Handover) {
-        self.processes
-            .entry(h.tgid)
-            .or_default()
-            .send_probe
-            .handed_over(h);
+        let process = self.processes.entry(h.tgid).or_default();
+        let Some(late) = process.send_probe.handed_over(h) else {
+            return;
+        };
+        if late.keep {
+            if late.was_at_send {
+                self.stats.at_send -= 1;
+                self.stats.handed_over += 1;
+            }
+            self.stats.send_probed += 1;
+            self.remember(late.write_ns, late.handed_ns);
+        }
     }
 
     /// Process `tgid`'s I/O thread started writing a message to `fd` at `ns`, whose last frame
@@ -151,7 +160,7 @@ impl Handoffs {
     /// answers for it too).
     pub fn sent(&mut self, tgid: u32, fd: u32, ns: u64, last_frame: usize, keep: bool) {
         let process = self.processes.entry(tgid).or_default();
-        if let Some(handed) = process.send_probe.written(fd, ns, last_frame) {
+        if let Some(handed) = process.send_probe.written(fd, ns, last_frame, keep) {
             if keep {
                 self.stats.handed_over += 1;
                 self.stats.send_probed += 1;
@@ -159,6 +168,17 @@ impl Handoffs {
             }
             return;
         }
+        let at_send = !self.mailbox_handover(tgid, ns, keep);
+        self.stats.at_send += u64::from(keep && at_send);
+        if let Some(process) = self.processes.get_mut(&tgid) {
+            process.send_probe.timed_at_send(ns, at_send);
+        }
+    }
+
+    /// Time a send by the application's write to the I/O thread's mailbox that woke it, when
+    /// there is one (true).
+    fn mailbox_handover(&mut self, tgid: u32, ns: u64, keep: bool) -> bool {
+        let process = self.processes.entry(tgid).or_default();
         let send_mailbox = process.send_mailbox;
         let latest = process
             .recent_writes
@@ -174,14 +194,12 @@ impl Handoffs {
                 ns - w <= window
             });
         let Some(i) = latest else {
-            self.stats.at_send += u64::from(keep);
-            return;
+            return false;
         };
         let (fd, w) = process.recent_writes[i];
         vote(&mut process.send_votes, &mut process.send_mailbox, fd);
         if process.send_mailbox != Some(fd) {
-            self.stats.at_send += u64::from(keep);
-            return;
+            return false;
         }
         // One write wakes the I/O thread once: later messages it sent were queued later. An
         // older write to the same mailbox is stale: the thread has been awake since.
@@ -192,6 +210,7 @@ impl Handoffs {
             self.stats.handed_over += 1;
             self.remember(ns, w);
         }
+        true
     }
 
     /// A watched eventfd was read or written.

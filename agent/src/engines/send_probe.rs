@@ -22,6 +22,30 @@ const VOTES_NEEDED: u32 = 3;
 const STALE_NS: u64 = 100_000_000;
 /// Hand-overs kept per process.
 const MAX_PENDING: usize = 1024;
+/// How long a write no hand-over fitted waits for a late one (its call returned, and its
+/// record was made, after the write began), and how many wait at once.
+const LATE_NS: u64 = 20_000_000;
+const MAX_UNMATCHED: usize = 64;
+
+/// A write that a hand-over recorded after it turned out to be for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LateMatch {
+    pub write_ns: u64,
+    pub handed_ns: u64,
+    /// What the write was: asked about, and timed at the write itself (else at a mailbox write).
+    pub keep: bool,
+    pub was_at_send: bool,
+}
+
+/// A write on a known socket that no hand-over fitted yet.
+#[derive(Clone, Copy, Debug)]
+struct Unmatched {
+    fd: u32,
+    ns: u64,
+    size: usize,
+    keep: bool,
+    at_send: bool,
+}
 
 /// A hand-over not matched to a write yet.
 #[derive(Clone, Copy, Debug)]
@@ -38,11 +62,31 @@ pub struct SendProbe {
     pending: VecDeque<Pending>,
     votes: HashMap<(u32, u64), u32>,
     socket_of_fd: HashMap<u32, u64>,
+    /// Writes on known sockets no hand-over fitted yet, oldest first.
+    unmatched: VecDeque<Unmatched>,
 }
 
 impl SendProbe {
-    /// The application handed a message to libzmq.
-    pub fn handed_over(&mut self, h: &Handover) {
+    /// The application handed a message to libzmq: kept for the write it will fit, or, when
+    /// that write came first, the match.
+    pub fn handed_over(&mut self, h: &Handover) -> Option<LateMatch> {
+        let socket_fd = self
+            .socket_of_fd
+            .iter()
+            .find(|(_, socket)| **socket == h.socket)
+            .map(|(fd, _)| *fd);
+        let late = self.unmatched.iter().position(|u| {
+            Some(u.fd) == socket_fd && u.ns >= h.enter_ns && u.size == h.size as usize
+        });
+        if let Some(i) = late {
+            let u = self.unmatched.remove(i)?;
+            return Some(LateMatch {
+                write_ns: u.ns,
+                handed_ns: h.ns,
+                keep: u.keep,
+                was_at_send: u.at_send,
+            });
+        }
         if self.pending.len() == MAX_PENDING {
             self.pending.pop_front();
         }
@@ -52,12 +96,28 @@ impl SendProbe {
             socket: h.socket,
             size: h.size,
         });
+        None
+    }
+
+    /// The caller timed the unmatched write at `ns` at the write itself (`at_send`), else by a
+    /// mailbox write: a late hand-over corrects its counts.
+    pub fn timed_at_send(&mut self, ns: u64, at_send: bool) {
+        if let Some(u) = self.unmatched.iter_mut().rev().find(|u| u.ns == ns) {
+            u.at_send = at_send;
+        }
     }
 
     /// The I/O thread began writing a message to `fd` at `ns`, whose last frame is `size`
     /// bytes: when that message was handed over, if the probe saw it and the fd's socket is
     /// known.
-    pub fn written(&mut self, fd: u32, ns: u64, size: usize) -> Option<u64> {
+    pub fn written(&mut self, fd: u32, ns: u64, size: usize, keep: bool) -> Option<u64> {
+        while self
+            .unmatched
+            .front()
+            .is_some_and(|u| u.ns.saturating_add(LATE_NS) < ns)
+        {
+            self.unmatched.pop_front();
+        }
         while self
             .pending
             .front()
@@ -80,10 +140,23 @@ impl SendProbe {
             }
             return None;
         };
-        let at = self
+        let Some(at) = self
             .pending
             .iter()
-            .position(|p| p.socket == socket && fits(p))?;
+            .position(|p| p.socket == socket && fits(p))
+        else {
+            if self.unmatched.len() == MAX_UNMATCHED {
+                self.unmatched.pop_front();
+            }
+            self.unmatched.push_back(Unmatched {
+                fd,
+                ns,
+                size,
+                keep,
+                at_send: false,
+            });
+            return None;
+        };
         // Its return is the instant (the send's, as the engines stamp it after the call).
         let handed = self.pending[at].return_ns;
         // The socket's hand-overs before it were never seen written: they go with it.
@@ -143,7 +216,7 @@ mod tests {
         for i in 0..3 {
             let at = i * 10 * MS;
             p.handed_over(&handover(at, TO_SCHEDULER));
-            let matched = p.written(9, at + 30 * US, SIZE);
+            let matched = p.written(9, at + 30 * US, SIZE, true);
             assert_eq!(matched, (i == 2).then_some(at), "send {i}");
         }
         // A burst while the I/O thread waits for a CPU: each write gets its own hand-over, in
@@ -151,13 +224,13 @@ mod tests {
         p.handed_over(&handover(100 * MS, TO_SCHEDULER));
         p.handed_over(&handover(101 * MS, CONTROL));
         p.handed_over(&handover(103 * MS, TO_SCHEDULER));
-        assert_eq!(p.written(9, 109 * MS, SIZE), Some(100 * MS));
-        assert_eq!(p.written(9, 109 * MS + 5 * US, SIZE), Some(103 * MS));
+        assert_eq!(p.written(9, 109 * MS, SIZE, true), Some(100 * MS));
+        assert_eq!(p.written(9, 109 * MS + 5 * US, SIZE, true), Some(103 * MS));
         // Nothing pending on the socket: no hand-over, not another socket's.
-        assert_eq!(p.written(9, 120 * MS, SIZE), None);
+        assert_eq!(p.written(9, 120 * MS, SIZE, true), None);
         // A hand-over long past, never written, is not a later write's.
         p.handed_over(&handover(200 * MS, TO_SCHEDULER));
-        assert_eq!(p.written(9, 400 * MS, SIZE), None);
+        assert_eq!(p.written(9, 400 * MS, SIZE, true), None);
     }
 
     #[test]
@@ -165,15 +238,15 @@ mod tests {
         let mut p = SendProbe::default();
         for i in 0..3 {
             p.handed_over(&handover(i * MS, TO_SCHEDULER));
-            p.written(9, i * MS + 10 * US, SIZE);
+            p.written(9, i * MS + 10 * US, SIZE, true);
         }
         // A message of 100 bytes whose write the capture missed, then one of 200 written.
         p.handed_over(&sized(10 * MS, TO_SCHEDULER, 100));
         p.handed_over(&sized(11 * MS, TO_SCHEDULER, 200));
-        assert_eq!(p.written(9, 12 * MS, 200), Some(11 * MS));
+        assert_eq!(p.written(9, 12 * MS, 200, true), Some(11 * MS));
         // The next 100-byte message gets its own hand-over, not the lost one's.
         p.handed_over(&sized(20 * MS, TO_SCHEDULER, 100));
-        assert_eq!(p.written(9, 21 * MS, 100), Some(20 * MS));
+        assert_eq!(p.written(9, 21 * MS, 100, true), Some(20 * MS));
     }
 
     #[test]
@@ -181,17 +254,42 @@ mod tests {
         let mut p = SendProbe::default();
         for i in 1..=3 {
             p.handed_over(&handover(i * MS, TO_SCHEDULER));
-            p.written(9, i * MS + 10 * US, SIZE);
+            p.written(9, i * MS + 10 * US, SIZE, true);
         }
         // Written 1 µs before the call returned, 1 µs after it began.
         p.handed_over(&handover(10 * MS, TO_SCHEDULER));
-        assert_eq!(p.written(9, 10 * MS - US, SIZE), Some(10 * MS));
+        assert_eq!(p.written(9, 10 * MS - US, SIZE, true), Some(10 * MS));
+    }
+
+    #[test]
+    fn a_hand_over_recorded_after_its_write_still_times_it() {
+        let mut p = SendProbe::default();
+        for i in 1..=3 {
+            p.handed_over(&handover(i * MS, TO_SCHEDULER));
+            p.written(9, i * MS + 10 * US, SIZE, true);
+        }
+        // The write began (10 ms) inside the call (9.998-10.002 ms); the record came after.
+        assert_eq!(p.written(9, 10 * MS, SIZE, true), None);
+        p.timed_at_send(10 * MS, true);
+        let late = p.handed_over(&sized(10 * MS + 2 * US, TO_SCHEDULER, SIZE));
+        assert_eq!(
+            late,
+            Some(LateMatch {
+                write_ns: 10 * MS,
+                handed_ns: 10 * MS + 2 * US,
+                keep: true,
+                was_at_send: true,
+            })
+        );
+        // It is not left pending for the next write.
+        p.handed_over(&handover(20 * MS, TO_SCHEDULER));
+        assert_eq!(p.written(9, 20 * MS + 10 * US, SIZE, true), Some(20 * MS));
     }
 
     #[test]
     fn an_unknown_fd_gets_nothing() {
         let mut p = SendProbe::default();
         p.handed_over(&handover(MS, TO_SCHEDULER));
-        assert_eq!(p.written(5, 2 * MS, SIZE), None);
+        assert_eq!(p.written(5, 2 * MS, SIZE, true), None);
     }
 }

@@ -223,20 +223,22 @@ pub fn thread_role(name: &str, stack: &[CodeName]) -> Option<&'static str> {
     by_function().or_else(by_file).or_else(by_name)
 }
 
+/// A stack of functions by name alone (innermost first), for tests.
+#[cfg(test)]
+pub(crate) fn stack(names: &[&str]) -> Vec<CodeName> {
+    names
+        .iter()
+        .map(|n| CodeName {
+            name: (*n).into(),
+            file: String::new(),
+            line: 1,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn stack(names: &[&str]) -> Vec<CodeName> {
-        names
-            .iter()
-            .map(|n| CodeName {
-                name: (*n).into(),
-                file: String::new(),
-                line: 1,
-            })
-            .collect()
-    }
 
     #[test]
     fn the_innermost_known_frame_decides() {

@@ -45,18 +45,7 @@ pub fn iteration_attributes(a: &mut Attributes, samples: &IterationSamples) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discover::python::CodeName;
-
-    fn stack(names: &[&str]) -> Vec<CodeName> {
-        names
-            .iter()
-            .map(|n| CodeName {
-                name: (*n).into(),
-                file: String::new(),
-                line: 1,
-            })
-            .collect()
-    }
+    use crate::engines::well_known::stack;
 
     #[test]
     fn samples_are_counted_by_thread_and_phase() {

@@ -6,7 +6,10 @@
  *   ./offsets
  *
  * Internal headers (Include/internal/pycore_*.h) are installed with CPython; Py_BUILD_CORE
- * makes them usable. The table's rows for 3.11.7, 3.12.1 and 3.13.0 are this program's output.
+ * makes them usable. The table's rows for 3.10.13, 3.11.7, 3.12.1 and 3.13.0 are this program's
+ * output. 3.10 has no interpreter frames: its thread state points to a PyFrameObject chain (f_back),
+ * its code objects no co_qualname (co_name is printed in its place), and its thread states no
+ * native thread id (thread_id is pthread_self(), the thread's TLS base on x86-64 glibc).
  */
 #define Py_BUILD_CORE 1
 #include <Python.h>
@@ -14,8 +17,12 @@
 #include <stdio.h>
 #include "internal/pycore_runtime.h"
 #include "internal/pycore_interp.h"
+#if PY_VERSION_HEX >= 0x030B0000
 #include "internal/pycore_frame.h"
 #include "internal/pycore_code.h"
+#else
+#include <frameobject.h>
+#endif
 int main(void) {
     printf("runtime.interpreters_head=%zu\n", offsetof(_PyRuntimeState, interpreters.head));
 #if PY_VERSION_HEX >= 0x030B0000
@@ -33,6 +40,14 @@ int main(void) {
     printf("frame.previous=%zu\n", offsetof(_PyInterpreterFrame, previous));
     printf("frame.owner=%zu\n", offsetof(_PyInterpreterFrame, owner));
     printf("code.qualname=%zu\n", offsetof(PyCodeObject, co_qualname));
+#else
+    printf("interp.threads_head=%zu\n", offsetof(PyInterpreterState, tstate_head));
+    printf("tstate.next=%zu\n", offsetof(PyThreadState, next));
+    printf("tstate.thread_id=%zu\n", offsetof(PyThreadState, thread_id));
+    printf("tstate.frame=%zu\n", offsetof(PyThreadState, frame));
+    printf("frame.code=%zu\n", offsetof(PyFrameObject, f_code));
+    printf("frame.previous=%zu\n", offsetof(PyFrameObject, f_back));
+    printf("code.name=%zu\n", offsetof(PyCodeObject, co_name));
 #endif
     printf("code.filename=%zu\n", offsetof(PyCodeObject, co_filename));
     printf("code.firstlineno=%zu\n", offsetof(PyCodeObject, co_firstlineno));
