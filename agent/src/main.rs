@@ -498,14 +498,17 @@ fn results(pipeline: &Pipeline) -> String {
         Some(g) => format!(
             "SGLang: {} requests sent to the scheduler, {} outputs, {} undecodable messages, {} \
              health checks left out, {} outputs of requests sent before attach, {} requests \
-             unfinished at the end, {} dropped (too many in flight)",
+             unfinished at the end, {} dropped (too many in flight), {} scheduler log lines \
+             read ({} statistics reports)",
             g.requests,
             g.outputs,
             g.undecodable,
             g.health_checks,
             g.outputs_without_request,
             g.unfinished_at_end,
-            g.evicted
+            g.evicted,
+            g.log_lines,
+            g.stats_reports
         ),
         None => {
             let t = pipeline.tracker_stats();

@@ -21,7 +21,7 @@ use crate::{
         metrics::Registry,
         profile::Profile,
         python_samples,
-        sglang_metrics::SglangMetrics,
+        sglang_metrics::{self, SglangMetrics},
         sglang_spans,
         span::{IdGenerator, Span},
         vllm_metrics::VllmMetrics,
@@ -190,6 +190,13 @@ impl Pipeline {
         if let Some(sglang) = self.sglang.as_mut() {
             for decoded in batch {
                 sglang.feed(decoded);
+            }
+            let reports = sglang.take_reports();
+            if !reports.is_empty() {
+                let mut registry = self.registry.lock().expect("registry lock");
+                for stats in &reports {
+                    sglang_metrics::report(&mut registry, stats);
+                }
             }
             return;
         }

@@ -141,7 +141,7 @@ impl LiveCapture {
                     Some(kind) => {
                         // Asked per fd, not once per process: a forked child shares its
                         // parent's title until it sets its own.
-                        let kind = decoded_kind(kind, self.roles.of(tgid));
+                        let kind = decoded_kind(kind, *fd, self.roles.of(tgid));
                         // What /proc shows may already be a later incarnation of the fd
                         // number: the generation makes the kernel drop the decision then.
                         let decision = kind.capture();
@@ -223,8 +223,9 @@ impl LiveCapture {
 /// same messages, the workers' wake-ups) are not copied at all: decoding them only to drop
 /// them was half the agent's CPU. SGLang's requests are rebuilt from its main process's and
 /// scheduler's sides, so its detokenizer's sockets (the middle copies of every output) are
-/// not copied either. Unknown processes are decoded whole.
-fn decoded_kind(kind: FdKind, process: Option<&(Engine, Role)>) -> FdKind {
+/// not copied either. An SGLang scheduler's stdout and stderr are read line by line: its
+/// statistics reports are written nowhere else. Unknown processes are decoded whole.
+fn decoded_kind(kind: FdKind, fd: u32, process: Option<&(Engine, Role)>) -> FdKind {
     let api_server = process.is_some_and(|(_, role)| *role == Role::ApiServer);
     // SGLang's scheduler polls its socket between forward passes: its mailbox reads time
     // the requests it takes, its mailbox writes the outputs it sends.
@@ -233,6 +234,16 @@ fn decoded_kind(kind: FdKind, process: Option<&(Engine, Role)>) -> FdKind {
         (FdKind::Eventfd { .. }, _) => FdKind::Eventfd {
             watched: api_server || sglang_scheduler,
         },
+        // A terminal, pipe or file; or a socket (systemd hands services a unix socket).
+        (kind, _)
+            if sglang_scheduler
+                && STANDARD_OUTPUTS.contains(&fd)
+                && !matches!(kind, FdKind::Tcp { .. }) =>
+        {
+            FdKind::Log {
+                what: format!("fd {fd} of SGLang's scheduler (its log)"),
+            }
+        }
         (kind, Some((Engine::Vllm, role))) if kind.capture() && !api_server => FdKind::Other {
             what: format!("socket of vLLM's {role} (only the API server's side is decoded)"),
         },
@@ -243,6 +254,9 @@ fn decoded_kind(kind: FdKind, process: Option<&(Engine, Role)>) -> FdKind {
         (kind, _) => kind,
     }
 }
+
+/// stdout and stderr.
+const STANDARD_OUTPUTS: [u32; 2] = [1, 2];
 
 /// How long a process's role is trusted: a forked child keeps its parent's title until it
 /// sets its own, so the answer is asked again after this.
@@ -294,18 +308,37 @@ mod tests {
         let api = (Engine::Vllm, Role::ApiServer);
         let core = (Engine::Vllm, Role::EngineCore);
         let scheduler = (Engine::Sglang, Role::Scheduler);
-        assert_eq!(decoded_kind(unix(), Some(&api)), unix());
-        assert!(decoded_kind(eventfd(), Some(&api)).capture());
-        let skipped = decoded_kind(unix(), Some(&core));
+        assert_eq!(decoded_kind(unix(), 7, Some(&api)), unix());
+        assert!(decoded_kind(eventfd(), 7, Some(&api)).capture());
+        let skipped = decoded_kind(unix(), 7, Some(&core));
         assert!(!skipped.capture(), "{skipped:?}");
-        assert!(!decoded_kind(eventfd(), Some(&core)).capture());
+        assert!(!decoded_kind(eventfd(), 7, Some(&core)).capture());
         // SGLang's main process and scheduler, and processes of no known engine: every socket.
-        assert_eq!(decoded_kind(unix(), Some(&scheduler)), unix());
-        assert!(decoded_kind(eventfd(), Some(&scheduler)).capture());
+        assert_eq!(decoded_kind(unix(), 7, Some(&scheduler)), unix());
+        assert!(decoded_kind(eventfd(), 7, Some(&scheduler)).capture());
         let detokenizer = (Engine::Sglang, Role::Detokenizer);
-        assert!(!decoded_kind(eventfd(), Some(&detokenizer)).capture());
-        assert!(!decoded_kind(unix(), Some(&detokenizer)).capture());
-        assert_eq!(decoded_kind(unix(), None), unix());
-        assert!(!decoded_kind(eventfd(), None).capture());
+        assert!(!decoded_kind(eventfd(), 7, Some(&detokenizer)).capture());
+        assert!(!decoded_kind(unix(), 7, Some(&detokenizer)).capture());
+        assert_eq!(decoded_kind(unix(), 7, None), unix());
+        assert!(!decoded_kind(eventfd(), 7, None).capture());
+    }
+
+    #[test]
+    fn an_sglang_schedulers_stdout_and_stderr_are_read_as_its_log() {
+        let file = || FdKind::Other {
+            what: "/var/log/sglang.log".into(),
+        };
+        let scheduler = (Engine::Sglang, Role::Scheduler);
+        for fd in [1, 2] {
+            let kind = decoded_kind(file(), fd, Some(&scheduler));
+            assert!(matches!(kind, FdKind::Log { .. }), "{kind:?}");
+            assert!(kind.capture());
+            // journald's socket too, and nothing of the other processes.
+            let journal = decoded_kind(FdKind::Unix { path: None }, fd, Some(&scheduler));
+            assert!(matches!(journal, FdKind::Log { .. }), "{journal:?}");
+            let main = (Engine::Sglang, Role::ApiServer);
+            assert!(!decoded_kind(file(), fd, Some(&main)).capture());
+        }
+        assert!(!decoded_kind(file(), 3, Some(&scheduler)).capture());
     }
 }

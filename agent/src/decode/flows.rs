@@ -13,6 +13,7 @@ use super::{
     cuda::{CudaDecoder, CudaEvent},
     http::{HttpConnection, HttpExchange},
     python::{PySample, PythonSamples},
+    sglang_log::LineSplitter,
     zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
 };
 use crate::capture::{CaptureEvent, ProcessInfo, Record};
@@ -51,6 +52,18 @@ pub enum Decoded {
     PySample(Box<PySample>),
     /// An application thread handed a message to libzmq (the `zmq_msg_send` probe).
     Handover(Handover),
+    /// A line a process wrote to its log (stdout or stderr).
+    Log(LogLine),
+}
+
+/// One line of a process's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    pub tgid: u32,
+    /// When the write that completed the line returned.
+    pub ns: u64,
+    /// Without its newline.
+    pub line: String,
 }
 
 /// One 8-byte eventfd read or write: who signalled whom, and when.
@@ -122,6 +135,7 @@ impl Decoded {
             // A name is needed by the steps after it: sorted first, like a process.
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
             Decoded::PySample(sample) => sample.ns,
+            Decoded::Log(log) => log.ns,
         }
     }
 
@@ -143,6 +157,7 @@ impl Decoded {
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
             Decoded::PySample(sample) => sample.ns,
             Decoded::Handover(h) => h.ns,
+            Decoded::Log(log) => log.ns,
         }
     }
 }
@@ -296,6 +311,8 @@ enum Protocol {
     },
     /// One ZMTP stream per direction (index: `direction`).
     Zmtp(Box<[ZmtpStream; 2]>),
+    /// The lines a process writes (its reads of the fd, if any, are not looked at).
+    Log(LineSplitter),
 }
 
 struct Flow {
@@ -313,6 +330,7 @@ impl Flow {
                 server_side: *server_side,
             }),
             FdKind::Unix { .. } => Some(Protocol::Zmtp(Box::default())),
+            FdKind::Log { .. } => Some(Protocol::Log(LineSplitter::default())),
             FdKind::Eventfd { .. } | FdKind::Other { .. } | FdKind::Vanished => None,
         };
         Self {
@@ -371,6 +389,19 @@ impl Flow {
                         _ => None,
                     }));
                 }
+                Protocol::Log(lines) if dir == direction::EGRESS => match piece {
+                    Piece::Data { ts_ns, data } => {
+                        out.extend(lines.feed(&data).into_iter().map(|line| {
+                            Decoded::Log(LogLine {
+                                tgid: key.0,
+                                ns: ts_ns,
+                                line,
+                            })
+                        }));
+                    }
+                    Piece::Gap => lines.gap(),
+                },
+                Protocol::Log(_) => {}
             }
         }
     }
@@ -644,6 +675,26 @@ mod tests {
 
     const REQ: &[u8] = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
     const RESP: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+    #[test]
+    fn a_log_gives_its_written_lines_stamped_by_the_write_that_ended_them() {
+        let mut t = table(FdKind::Log { what: "stderr".into() });
+        let mut out = t.handle(&io(0, direction::EGRESS, 0, b"[t] Decode", true));
+        out.extend(t.handle(&io(1, direction::EGRESS, 0, b" batch\nnext\n", true)));
+        // What the process reads from the fd is not its log.
+        out.extend(t.handle(&io(0, direction::INGRESS, 0, b"typed\n", true)));
+        let lines: Vec<(u64, &str)> = out
+            .iter()
+            .map(|d| match d {
+                Decoded::Log(log) => {
+                    assert_eq!(log.tgid, TGID);
+                    (log.ns, log.line.as_str())
+                }
+                other => panic!("not a log line: {other:?}"),
+            })
+            .collect();
+        assert_eq!(lines, [(1, "[t] Decode batch"), (1, "next")]);
+    }
 
     #[test]
     fn a_watched_eventfd_gives_one_wakeup_per_syscall_and_an_unwatched_one_nothing() {

@@ -10,6 +10,7 @@ pub mod openai;
 pub mod pickle;
 pub mod python;
 pub mod sglang;
+pub mod sglang_log;
 pub mod sse;
 pub mod vllm;
 pub mod zmtp;

@@ -4,8 +4,9 @@
 //! its payloads are worth copying: TCP sockets (the HTTP listener's connections, ZeroMQ tcp://)
 //! and unix stream sockets (ZeroMQ ipc://). The eventfds of an API server are watched too: they
 //! are libzmq's mailboxes, and reading one is the moment the event loop takes over a message its
-//! I/O thread received (see `engines::handoff`). Pipes, other eventfds, files and other sockets
-//! are ignored in the kernel from then on.
+//! I/O thread received (see `engines::handoff`). An SGLang scheduler's stdout and stderr are read
+//! for its statistics reports (`decode::sglang_log`). Pipes, other eventfds, files and other
+//! sockets are ignored in the kernel from then on.
 use std::{
     collections::HashMap,
     fs, io,
@@ -36,6 +37,9 @@ pub enum FdKind {
     Unix { path: Option<String> },
     /// An eventfd; `watched`: its 8-byte reads and writes are captured (an API server's).
     Eventfd { watched: bool },
+    /// A process's stdout or stderr whose lines are read (an SGLang scheduler's: its statistics
+    /// reports), whatever it is (a terminal, a pipe, a file).
+    Log { what: String },
     /// Anything else (described for the log).
     Other { what: String },
     /// Closed before it could be looked up in /proc (a connection that lived less than one
@@ -48,7 +52,7 @@ impl FdKind {
     pub fn capture(&self) -> bool {
         match self {
             FdKind::Tcp { listening, .. } => !listening,
-            FdKind::Unix { .. } | FdKind::Vanished => true,
+            FdKind::Unix { .. } | FdKind::Log { .. } | FdKind::Vanished => true,
             FdKind::Eventfd { watched } => *watched,
             FdKind::Other { .. } => false,
         }

@@ -30,6 +30,7 @@ use crate::decode::{
         OutputStage, RidOutput, SchedulerTimes, SglangDecoder, SglangFinish, SglangMessage,
         SglangRequest, SglangSampling, TraceContext,
     },
+    sglang_log::{self, DecodeStats, SchedulerLog},
 };
 
 /// Requests followed at once; beyond it the oldest is dropped and counted.
@@ -238,6 +239,9 @@ pub struct SglangStats {
     pub outputs_without_request: u64,
     pub evicted: u64,
     pub unfinished_at_end: u64,
+    /// Lines of the schedulers' logs read, and the statistics reports among them.
+    pub log_lines: u64,
+    pub stats_reports: u64,
 }
 
 pub struct SglangTracker {
@@ -250,6 +254,8 @@ pub struct SglangTracker {
     joiner: Joiner<SglangTimeline>,
     handoffs: Handoffs,
     now_ns: u64,
+    /// The schedulers' statistics reports since the pipeline last took them.
+    reports: Vec<DecodeStats>,
     pub stats: SglangStats,
 }
 
@@ -263,6 +269,7 @@ impl Default for SglangTracker {
             joiner: Joiner::default(),
             handoffs: Handoffs::default(),
             now_ns: 0,
+            reports: Vec::new(),
             stats: SglangStats::default(),
         }
     }
@@ -271,6 +278,11 @@ impl Default for SglangTracker {
 impl SglangTracker {
     pub fn handoff_stats(&self) -> HandoffStats {
         self.handoffs.stats
+    }
+
+    /// The schedulers' statistics reports read since the last call.
+    pub fn take_reports(&mut self) -> Vec<DecodeStats> {
+        std::mem::take(&mut self.reports)
     }
 
     /// Take one decoded message.
@@ -288,6 +300,14 @@ impl SglangTracker {
             // is its instant, with no loop iteration to wait for.
             // GPU steps and Python samples go to the pipeline's own stages.
             Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_) => {}
+            // Only schedulers' logs are read.
+            Decoded::Log(log) => {
+                self.stats.log_lines += 1;
+                if let Some(SchedulerLog::DecodeStats(report)) = sglang_log::parse(&log.line) {
+                    self.stats.stats_reports += 1;
+                    self.reports.push(report);
+                }
+            }
             Decoded::Process(info) => {
                 if let Some(ranks) = scheduler_ranks(&info.cmdline) {
                     self.ranks.insert(info.pid, ranks);

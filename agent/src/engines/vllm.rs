@@ -393,7 +393,8 @@ impl VllmTracker {
             Decoded::Process(_)
             | Decoded::Cuda(_)
             | Decoded::PySample(_)
-            | Decoded::Handover(_) => {}
+            | Decoded::Handover(_)
+            | Decoded::Log(_) => {}
         }
     }
 

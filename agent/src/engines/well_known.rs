@@ -10,7 +10,7 @@
 //! them; each row says where, checked against the installed sources of vLLM 0.32.0
 //! (`vllm/...`) and SGLang 0.5.23 (`sglang/srt/...`). A version that renames one of them shows
 //! its samples under `other` (and its thread unnamed) rather than under a wrong phase.
-use crate::discover::python::CodeName;
+use crate::{decode::python::PySample, discover::python::CodeName};
 
 /// Engine phases, as users of the engines talk about an iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -35,15 +35,25 @@ impl Phase {
 }
 
 /// What a stack sample was doing: an engine phase, `other` Python code (no table function on
-/// its stack), or `native` code (no Python frame).
+/// its stack), `native` code (no Python frame), or `unknown` (the stack's names were lost).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SampleKind {
     Phase(Phase),
     Other,
     Native,
+    Unknown,
 }
 
 impl SampleKind {
+    /// The kind of a sample: a stack whose names never arrived is unknown, not native.
+    pub fn of_sample(sample: &PySample) -> Self {
+        if sample.unknown_stack {
+            SampleKind::Unknown
+        } else {
+            Self::of(&sample.stack)
+        }
+    }
+
     /// The kind of a sample whose stack (innermost frame first) is `stack`.
     pub fn of(stack: &[CodeName]) -> Self {
         if stack.is_empty() {
@@ -59,6 +69,7 @@ impl SampleKind {
             SampleKind::Phase(phase) => phase.name(),
             SampleKind::Other => "other",
             SampleKind::Native => "native",
+            SampleKind::Unknown => "unknown",
         }
     }
 
@@ -74,6 +85,7 @@ impl SampleKind {
             SampleKind::Phase(Phase::Detokenization) => "infertrace.python.samples.detokenization",
             SampleKind::Other => "infertrace.python.samples.other",
             SampleKind::Native => "infertrace.python.samples.native",
+            SampleKind::Unknown => "infertrace.python.samples.unknown",
         }
     }
 }

@@ -75,6 +75,9 @@ impl Console {
                     h.tgid, h.tid, h.size, h.socket
                 );
             }
+            Decoded::Log(log) => {
+                let _ = write!(line, " log pid={} {}", log.tgid, log.line);
+            }
             Decoded::LoopWait(_) | Decoded::PySample(_) => {}
             Decoded::Cuda(CudaEvent::Step(step)) => {
                 let _ = write!(

@@ -1,6 +1,6 @@
 //! Python stack samples -> where each thread spends its time: the hottest stacks per thread
 //! (`infertrace profile`) and folded stacks, the input of flame graph tools
-//! (`--profile-output`, `profile --folded`).
+//! (`--profile-output FILE`, with `attach`, `profile` and `replay`).
 use std::{
     collections::{BTreeMap, HashMap},
     fmt::Write as _,
@@ -57,13 +57,15 @@ fn frame_label(frame: &CodeName) -> String {
 
 /// Label of the stack's samples when they had no frames.
 const NO_PYTHON: &str = "[no Python frames]";
+/// Label of the samples whose stack's names were lost.
+const UNKNOWN_STACK: &str = "[stack names lost]";
 /// Label of the samples of stacks past [`MAX_STACKS_PER_THREAD`].
 const OTHER_STACKS: &str = "[other stacks]";
 
 impl Profile {
     /// Count a sample; returns what it was doing (for the caller's metrics and iterations).
     pub fn add(&mut self, sample: &PySample) -> SampleKind {
-        let kind = SampleKind::of(&sample.stack);
+        let kind = SampleKind::of_sample(sample);
         let key = (sample.tgid, sample.tid);
         if !self.threads.contains_key(&key) && self.threads.len() >= MAX_THREADS {
             self.dropped += 1;
@@ -79,7 +81,9 @@ impl Profile {
         if let SampleKind::Phase(phase) = kind {
             *thread.phases.entry(phase).or_default() += 1;
         }
-        let folded = if sample.stack.is_empty() {
+        let folded = if sample.unknown_stack {
+            UNKNOWN_STACK.to_string()
+        } else if sample.stack.is_empty() {
             thread.without_python += 1;
             NO_PYTHON.to_string()
         } else {
@@ -240,5 +244,16 @@ mod tests {
         let t2 = &p.threads[&(1, 2)];
         assert_eq!(p.innermost_share(t2, "hot"), 0.75);
         assert_eq!(p.threads[&(1, 3)].without_python, 1);
+    }
+
+    #[test]
+    fn a_sample_whose_stack_names_were_lost_is_unknown_not_native() {
+        let mut p = Profile::default();
+        let mut lost = sample(5, &[]);
+        lost.unknown_stack = true;
+        assert_eq!(p.add(&lost), SampleKind::Unknown);
+        assert_eq!(p.threads[&(1, 5)].without_python, 0);
+        let folded = p.folded();
+        assert!(folded.contains("1;t5 (5);[stack names lost] 1\n"), "{folded}");
     }
 }

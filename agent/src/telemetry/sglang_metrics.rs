@@ -5,17 +5,25 @@
 //! first token is counted for a request whose first output was not its abort; time per output
 //! token only for `length` and `stop` finishes.
 //!
-//! The scheduler's snapshot gauges (`sglang_num_running_reqs`, `sglang_num_queue_reqs`,
+//! The scheduler's snapshot counters (`sglang_num_running_reqs`, `sglang_num_queue_reqs`,
 //! `sglang_num_used_tokens`, `sglang_token_usage`, `sglang_gen_throughput`,
-//! `gen_ai_sglang_cache_hit_rate`, `sglang_spec_accept_length`, `sglang_log_count`) are computed
-//! inside the scheduler and sent nowhere: they are not produced.
+//! `sglang_spec_accept_length`) add up the values of each statistics report the scheduler
+//! wrote to its log (`decode::sglang_log`: its decode report, every `--decode-log-interval`
+//! decode batches), and `sglang_log_count` counts those reports, so that a snapshot's average
+//! over a period is its increase divided by `sglang_log_count`'s. A field a report does not
+//! carry is not added (`#token` and `token usage` of hybrid-pool models, `accept len` without
+//! speculative decoding), and `gen_ai_sglang_cache_hit_rate` is not produced: SGLang prints no
+//! hit rate, and computing one from the prefill lines would not be the scheduler's figure.
 use super::{
     Clock,
     api_metrics::api_usage,
     metrics::{Dimensions, Kind, MetricDef, Registry},
     sglang_spans::{engine_side, instants},
 };
-use crate::engines::sglang::{SglangTimeline, SglangTrace};
+use crate::{
+    decode::sglang_log::DecodeStats,
+    engines::sglang::{SglangTimeline, SglangTrace},
+};
 
 const fn counter(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
     MetricDef {
@@ -66,6 +74,60 @@ pub const REQUEST_DURATION: MetricDef = counter(
     "Seconds",
     "The cumulative end-to-end duration of requests.",
 );
+
+pub const NUM_RUNNING_REQS: MetricDef = counter(
+    "sglang_num_running_reqs",
+    "Count",
+    "A snapshot of the number of running requests.",
+);
+pub const NUM_QUEUE_REQS: MetricDef = counter(
+    "sglang_num_queue_reqs",
+    "Count",
+    "A snapshot of the number of requests in the queue.",
+);
+pub const NUM_USED_TOKENS: MetricDef = counter(
+    "sglang_num_used_tokens",
+    "Count",
+    "A snapshot of the number of tokens currently in use.",
+);
+pub const TOKEN_USAGE: MetricDef = counter(
+    "sglang_token_usage",
+    "Ratio",
+    "A snapshot of the KV cache token usage.",
+);
+pub const GEN_THROUGHPUT: MetricDef = counter(
+    "sglang_gen_throughput",
+    "Tokens/s",
+    "A snapshot of the generation throughput.",
+);
+pub const SPEC_ACCEPT_LENGTH: MetricDef = counter(
+    "sglang_spec_accept_length",
+    "Count",
+    "The accept length of speculative decoding.",
+);
+pub const LOG_COUNT: MetricDef = counter(
+    "sglang_log_count",
+    "Times",
+    "The number of statistical reports, which is used to calculate the average of the preceding snapshot metrics.",
+);
+
+/// One statistics report of a scheduler: each snapshot it carries is added, and counted.
+pub fn report(r: &mut Registry, stats: &DecodeStats) {
+    r.add(&LOG_COUNT, dims(), 1.0);
+    r.add(&NUM_RUNNING_REQS, dims(), stats.running_reqs as f64);
+    r.add(&NUM_QUEUE_REQS, dims(), stats.queue_reqs as f64);
+    r.add(&GEN_THROUGHPUT, dims(), stats.gen_throughput);
+    let optional = [
+        (&NUM_USED_TOKENS, stats.used_tokens.map(|n| n as f64)),
+        (&TOKEN_USAGE, stats.token_usage),
+        (&SPEC_ACCEPT_LENGTH, stats.accept_length),
+    ];
+    for (def, value) in optional {
+        if let Some(value) = value {
+            r.add(def, dims(), value);
+        }
+    }
+}
 
 /// Records finished SGLang requests into a registry.
 #[derive(Debug, Default)]
@@ -219,5 +281,43 @@ mod tests {
         let r = record(vec![dropped]);
         assert_eq!(r.total(NUM_REQUESTS.name), 0.0);
         assert_eq!(r.total(PROMPT_TOKENS.name), 0.0);
+    }
+
+    #[test]
+    fn snapshot_counters_add_each_report_and_count_the_reports() {
+        let mut r = Registry::default();
+        let reports = [
+            DecodeStats {
+                running_reqs: 3,
+                queue_reqs: 1,
+                used_tokens: Some(100),
+                token_usage: Some(0.25),
+                gen_throughput: 40.5,
+                accept_length: None,
+            },
+            DecodeStats {
+                running_reqs: 1,
+                queue_reqs: 0,
+                used_tokens: None,
+                token_usage: None,
+                gen_throughput: 10.0,
+                accept_length: None,
+            },
+        ];
+        for stats in &reports {
+            report(&mut r, stats);
+        }
+        assert_eq!(r.total(LOG_COUNT.name), 2.0);
+        assert_eq!(r.total(NUM_RUNNING_REQS.name), 4.0);
+        assert_eq!(r.total(NUM_QUEUE_REQS.name), 1.0);
+        assert_eq!(r.total(GEN_THROUGHPUT.name), 50.5);
+        // Added where a report carried it; never reported without speculative decoding.
+        assert_eq!(r.total(NUM_USED_TOKENS.name), 100.0);
+        assert_eq!(r.total(TOKEN_USAGE.name), 0.25);
+        assert!(
+            !r.snapshot()
+                .iter()
+                .any(|sample| sample.name == SPEC_ACCEPT_LENGTH.name)
+        );
     }
 }
