@@ -12,7 +12,10 @@
 # checks passed.
 #
 # Environment: PYTHON (default python3; its torch must see the GPU), INFERTRACE (the binary;
-# default: built here with cargo), OUT (where files go; default a new /tmp directory).
+# default: built here with cargo: a GPU machine without Rust takes one built elsewhere, e.g.
+# `cargo build --release -p infertrace && strip -o gpu-bin/infertrace target/release/infertrace`
+# then `INFERTRACE=gpu-bin/infertrace tests/gpu/check.sh`), OUT (where files go; default a new
+# /tmp directory).
 # The tests that run everywhere (no GPU) are tests/tests/cuda_probes.rs, on a driver stand-in.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,9 +27,13 @@ fail() { say "FAILED: $*"; exit 1; }
 
 [ "$(id -u)" = 0 ] || fail "run as root (the agent loads eBPF programs)"
 if [ -z "${INFERTRACE:-}" ]; then
+  command -v cargo >/dev/null || fail "no cargo here: build the agent elsewhere and set INFERTRACE (see the top of this script)"
   cargo build --release -p infertrace >&2
   INFERTRACE=target/release/infertrace
 fi
+[ -x "$INFERTRACE" ] || fail "INFERTRACE=$INFERTRACE is not an executable"
+say "kernel $(uname -r); what this host supports (infertrace doctor):"
+"$INFERTRACE" doctor 2>&1 | sed 's/^/    /' || true
 command -v nvidia-smi >/dev/null && nvidia-smi -L || say "nvidia-smi not found (continuing)"
 "$PYTHON" -c 'import torch; assert torch.cuda.is_available(); print("torch", torch.__version__, "cuda", torch.version.cuda)' \
   || fail "$PYTHON has no PyTorch that sees a CUDA device"
@@ -53,8 +60,14 @@ run_workload() {
     INFERTRACE_LOG=info NO_COLOR=1 "$INFERTRACE" attach --pid "$pid" --output "jsonl:$OUT/out.jsonl" \
       2>"$OUT/agent.log" &
     agent=$!
-    wait_for "$OUT/agent.log" 'probes on\|are not traced' 60 || fail "the agent never probed libcuda: $(cat "$OUT/agent.log")"
-    grep -q 'probes on' "$OUT/agent.log" || fail "probing libcuda failed: $(cat "$OUT/agent.log")"
+    # Probed, or the agent gave up (no eBPF on this kernel, say): no need to wait out the limit.
+    local left=600
+    until grep -q 'probes on' "$OUT/agent.log" 2>/dev/null; do
+      kill -0 "$agent" 2>/dev/null || fail "the agent stopped before probing libcuda: $(cat "$OUT/agent.log")"
+      left=$((left - 1))
+      [ "$left" -gt 0 ] || fail "the agent never probed libcuda in 60 s: $(cat "$OUT/agent.log")"
+      sleep 0.1
+    done
   fi
   echo go >&3
   exec 3>&-
@@ -107,7 +120,10 @@ if ended_by.get("cuStreamSynchronize", 0) < traced["steps"]:
     problems.append(f"expected {traced['steps']} steps ended by cuStreamSynchronize (.item()), saw {ended_by}")
 if not names:
     problems.append("no kernel was named")
-if traced["triton"] and "infertrace_check_add" not in names:
+if traced.get("triton_error"):
+    print(f"[gpu-check] Triton could not run here (not checked): {traced['triton_error']}")
+# Triton names the kernel after its function; some versions add a suffix.
+if traced["triton"] and not any(n.startswith("infertrace_check_add") for n in names):
     problems.append("the Triton kernel infertrace_check_add was not named")
 for p in problems:
     print(f"[gpu-check] FAILED: {p}")

@@ -460,3 +460,68 @@ pub fn compare_metrics(ours: &Path, metrics_before: &str, metrics_after: &str) -
     }
     r
 }
+
+/// The number after `name` in a log line (`#running-req: 3,` -> 3), read independently of the
+/// agent's parser.
+fn logged_number(line: &str, name: &str) -> Option<f64> {
+    let start = line.find(name)? + name.len();
+    let digits: String = line[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits.parse().ok()
+}
+
+/// Compare infertrace's SGLang snapshot counters with the statistics reports the scheduler
+/// wrote to its log during the same run (`log`: the bytes of SGLang's log file written while
+/// the agent was attached): as many reports, and the same sum of each reported value.
+pub fn compare_scheduler_reports(ours: &Path, log: &str) -> Report {
+    let ours = json_lines(ours);
+    let metrics = last_metrics(&ours);
+    let reports: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("] Decode batch, "))
+        .collect();
+    let mut r = Report::default();
+    if reports.len() < 5 {
+        r.fail(format!(
+            "SGLang wrote {} decode statistics reports: too few to compare",
+            reports.len()
+        ));
+    }
+    let ours_count = metric_total(metrics, "sglang_log_count", None);
+    let _ = writeln!(
+        r.text,
+        "sglang_log_count: infertrace {ours_count}, SGLang's log {} reports",
+        reports.len()
+    );
+    if ours_count != reports.len() as f64 {
+        r.fail(format!(
+            "sglang_log_count {ours_count}, SGLang logged {} reports",
+            reports.len()
+        ));
+    }
+    for (ours_name, logged) in [
+        ("sglang_num_running_reqs", "#running-req: "),
+        ("sglang_num_queue_reqs", "#queue-req: "),
+        ("sglang_num_used_tokens", "#token: "),
+        ("sglang_token_usage", "token usage: "),
+        ("sglang_gen_throughput", "gen throughput (token/s): "),
+    ] {
+        let theirs: f64 = reports
+            .iter()
+            .map(|line| logged_number(line, logged).unwrap_or(f64::NAN))
+            .sum();
+        let ours = metric_total(metrics, ours_name, None);
+        let _ = writeln!(
+            r.text,
+            "{ours_name}: infertrace {ours:.4}, SGLang's log {theirs:.4} (sum of `{}`)",
+            logged.trim_end_matches(": ")
+        );
+        // Values printed with two decimals at most: their sums agree to rounding.
+        if (ours - theirs).abs() > 1e-6 * theirs.abs().max(1.0) || theirs.is_nan() {
+            r.fail(format!("{ours_name}: infertrace {ours}, SGLang's log {theirs}"));
+        }
+    }
+    r
+}

@@ -7,8 +7,9 @@
 //! infertrace's spans are compared with SGLang's own (tests/src/sglang_truth.rs): every request
 //! span, nothing invented (health checks left out), tokens and finish reasons equal, latencies
 //! within 1 ms at p50 and 5 ms at p99 (plus SGLang's own dispatch lag where its spans
-//! show one, see `sglang_truth::LATE_DISPATCH_S`), the scheduler's own stage edges to float precision; and the agent's request
-//! counters equal SGLang's `/metrics` over the run.
+//! show one, see `sglang_truth::LATE_DISPATCH_S`), the scheduler's own stage edges to float precision; the agent's request
+//! counters equal SGLang's `/metrics` over the run, and its snapshot counters the statistics
+//! reports in SGLang's log file over the same run.
 //!
 //! Needs root (eBPF) and the network to PyPI the first time. `SGLANG_HOME` picks the install.
 use std::{path::Path, process::Command, time::Duration};
@@ -36,6 +37,10 @@ fn native_workload(client: &Path) {
     assert!(status.success(), "native_workload.py failed");
 }
 
+fn log_length(file: &Path) -> usize {
+    std::fs::metadata(file).map_or(0, |m| m.len() as usize)
+}
+
 fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
     let dir = temp_dir(&format!("e2e-sglang-{mode}"));
     let truth = dir.join("sglang.otlp.jsonl");
@@ -50,8 +55,20 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
         ("SGLANG_TRACE_LEVEL", "3"),
     ];
     all_envs.extend_from_slice(envs);
-    let main_pid = cleanup.fresh_engine(EngineKind::Sglang, PORT, &["--enable-metrics"], &all_envs);
+    // A statistics report every 5 decode batches (SGLang's default: 40), for more of them.
+    let main_pid = cleanup.fresh_engine(
+        EngineKind::Sglang,
+        PORT,
+        &["--enable-metrics", "--decode-log-interval", "5"],
+        &all_envs,
+    );
+    let log_file = EngineKind::Sglang
+        .home()
+        .join(format!("logs/sglang-{PORT}.log"));
     let agent = attach(&main_pid, &ours, free_port());
+    // The engine is idle while the agent attaches: every line after this was written while
+    // it was attached.
+    let log_start = log_length(&log_file);
     let before = get(PORT, "/metrics");
     // workload.py's long prompt: this tokenizer makes ~910 tokens of 450 "tokens" of text.
     // Several rounds, so that the p99 checks read more than 100 requests: below that, the
@@ -70,6 +87,7 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
     native_workload(&client);
     std::thread::sleep(Duration::from_secs(2));
     let after = get(PORT, "/metrics");
+    let log_end = log_length(&log_file);
     let stderr = stop(agent);
     // SGLang's batch span processor exports every 500 ms.
     std::thread::sleep(Duration::from_secs(5));
@@ -78,6 +96,11 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
     let counters = sglang_truth::compare_metrics(&ours, &before, &after);
     report.text.push_str(&counters.text);
     report.failures.extend(counters.failures);
+    let log = std::fs::read(&log_file).expect("SGLang's log");
+    let attached = String::from_utf8_lossy(&log[log_start..log_end.min(log.len())]);
+    let reports = sglang_truth::compare_scheduler_reports(&ours, &attached);
+    report.text.push_str(&reports.text);
+    report.failures.extend(reports.failures);
     println!(
         "{mode}:\n{}\n{}",
         report.text,

@@ -15,7 +15,7 @@ pub const PYTHON_SAMPLES: MetricDef = MetricDef {
     unit: "Count",
     description: "Python stack samples of traced threads (CPU time at the sampling rate), by \
                   process, thread name and engine phase (`other`: no well-known function on \
-                  the stack; `native`: no Python frames).",
+                  the stack; `native`: no Python frames; `unknown`: the stack's names were lost).",
 };
 
 /// Count one sample under its process, thread name and phase.
