@@ -520,7 +520,9 @@ pub fn compare_scheduler_reports(ours: &Path, log: &str) -> Report {
         );
         // Values printed with two decimals at most: their sums agree to rounding.
         if (ours - theirs).abs() > 1e-6 * theirs.abs().max(1.0) || theirs.is_nan() {
-            r.fail(format!("{ours_name}: infertrace {ours}, SGLang's log {theirs}"));
+            r.fail(format!(
+                "{ours_name}: infertrace {ours}, SGLang's log {theirs}"
+            ));
         }
     }
     r

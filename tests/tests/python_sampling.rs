@@ -123,15 +123,55 @@ fn hot_functions_are_named_on_every_interpreter_here() {
     assert!(debian.exists(), "Debian's python3.11");
     let mut interpreters: Vec<PathBuf> = ["3.11", "3.10", "3.12", "3.13"]
         .into_iter()
-        .map(|version| {
-            pyenv_python(version).unwrap_or_else(|| panic!("pyenv's CPython {version}"))
-        })
+        .map(|version| pyenv_python(version).unwrap_or_else(|| panic!("pyenv's CPython {version}")))
         .collect();
     interpreters.insert(1, debian);
     println!("interpreters: {interpreters:?}");
     for python in &interpreters {
         check(python);
     }
+}
+
+/// `infertrace profile`: the hottest stacks of each thread on stdout, folded stacks in the file
+/// `--profile-output` names.
+#[test]
+fn the_profile_command_prints_hot_stacks_and_writes_folded_ones() {
+    let mut command = Command::new(pyenv_python("3.11").expect("pyenv's CPython 3.11"));
+    command.arg(fixture("python/hot_threads.py"));
+    let mut program = Script::spawn(command);
+    assert_eq!(program.read_line(), "ready");
+    let pid = program.pid().to_string();
+    let dir = infertrace_tests::live::temp_dir("python-profile");
+    let folded = dir.join("profile.folded");
+    let profiled = Command::new(infertrace_tests::infertrace_bin())
+        .args([
+            "profile",
+            "--pid",
+            &pid,
+            "--duration",
+            "3",
+            "--profile-output",
+        ])
+        .arg(&folded)
+        .output()
+        .expect("infertrace profile");
+    let _ = program.child.kill();
+    let _ = program.child.wait();
+    let report = String::from_utf8_lossy(&profiled.stdout);
+    assert!(profiled.status.success(), "{profiled:?}");
+    // The worker thread's hottest stack, innermost first, with its share of the samples.
+    assert!(
+        report.contains("worker_hot (hot_threads.py:18) <- worker_loop (hot_threads.py:25)"),
+        "{report}"
+    );
+    assert!(report.contains("main_hot (hot_threads.py:11)"), "{report}");
+    let text = std::fs::read_to_string(&folded).expect("the folded profile");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("{pid};"))
+                && l.contains(";main_hot (hot_threads.py:11) ")),
+        "{text}"
+    );
 }
 
 /// What `infertrace record` keeps of the samples is enough for `replay --profile-output` to

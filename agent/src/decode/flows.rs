@@ -678,7 +678,9 @@ mod tests {
 
     #[test]
     fn a_log_gives_its_written_lines_stamped_by_the_write_that_ended_them() {
-        let mut t = table(FdKind::Log { what: "stderr".into() });
+        let mut t = table(FdKind::Log {
+            what: "stderr".into(),
+        });
         let mut out = t.handle(&io(0, direction::EGRESS, 0, b"[t] Decode", true));
         out.extend(t.handle(&io(1, direction::EGRESS, 0, b" batch\nnext\n", true)));
         // What the process reads from the fd is not its log.

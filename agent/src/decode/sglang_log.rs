@@ -47,7 +47,10 @@ pub struct DecodeStats {
 /// Where the message starts: after SGLang's `[date time prefix] ` header, if any.
 fn message(line: &str) -> &str {
     let line = line.trim_end_matches(['\r', '\n']);
-    match line.strip_prefix('[').and_then(|rest| rest.split_once("] ")) {
+    match line
+        .strip_prefix('[')
+        .and_then(|rest| rest.split_once("] "))
+    {
         Some((_, message)) => message,
         None => line,
     }
@@ -187,7 +190,10 @@ mod tests {
                     #retracted_reqs: 2, #new_tokens_gained: 64, #new_token_ratio: 0.5000 -> 0.6000";
         assert_eq!(parse(line), Some(SchedulerLog::Retract { requests: 2 }));
         let test_mode = "Testing retraction. #retracted_reqs: 1, #new_tokens_gained: 3";
-        assert_eq!(parse(test_mode), Some(SchedulerLog::Retract { requests: 1 }));
+        assert_eq!(
+            parse(test_mode),
+            Some(SchedulerLog::Retract { requests: 1 })
+        );
         for other in [
             "[2026-12-03 10:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 10, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0",
             "INFO:     127.0.0.1:5000 - \"POST /generate HTTP/1.1\" 200 OK",
@@ -205,7 +211,10 @@ mod tests {
     fn lines_are_split_across_writes_and_a_gap_drops_only_its_line() {
         let mut split = LineSplitter::default();
         assert!(split.feed(b"[t] Decode ba").is_empty());
-        assert_eq!(split.feed(b"tch\nsecond\nthi"), vec!["[t] Decode batch", "second"]);
+        assert_eq!(
+            split.feed(b"tch\nsecond\nthi"),
+            vec!["[t] Decode batch", "second"]
+        );
         split.gap();
         assert!(split.feed(b"rd\n").is_empty());
         assert_eq!(split.feed(b"fourth\n"), vec!["fourth"]);

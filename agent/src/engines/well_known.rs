@@ -90,91 +90,238 @@ impl SampleKind {
     }
 }
 
-/// (qualified name, phase); the source file of each is in the comment before it.
-const WELL_KNOWN: &[(&str, Phase)] = &[
-    // vLLM V1: v1/core/sched/scheduler.py
-    ("Scheduler.schedule", Phase::Schedule),
-    ("Scheduler.update_from_output", Phase::OutputProcessing),
-    // v1/worker/gpu_model_runner.py (also the CPU runner's base), v1/worker/gpu_worker.py,
-    // v1/executor/multiproc_executor.py and uniproc_executor.py (the EngineCore's wait for
-    // its workers is the model's time too)
-    ("GPUModelRunner.execute_model", Phase::ModelExecution),
-    ("GPUModelRunner.sample_tokens", Phase::ModelExecution),
-    ("Worker.execute_model", Phase::ModelExecution),
-    ("MultiprocExecutor.execute_model", Phase::ModelExecution),
-    ("UniProcExecutor.execute_model", Phase::ModelExecution),
-    // v1/engine/output_processor.py, v1/engine/core.py (the output thread's serialisation)
-    ("OutputProcessor.process_outputs", Phase::OutputProcessing),
+/// A well-known function: where it is defined (the end of its file's path) and its qualified
+/// name. CPython 3.11+ names a frame by its qualified name (`co_qualname`); 3.10 by the bare
+/// function name (`co_name`), which is matched together with the file.
+struct Known {
+    file: &'static str,
+    name: &'static str,
+}
+
+impl Known {
+    fn matches(&self, frame: &CodeName) -> bool {
+        if frame.name == self.name {
+            return true;
+        }
+        let bare = self.name.rsplit('.').next().unwrap_or(self.name);
+        !frame.name.contains('.') && frame.name == bare && frame.file.ends_with(self.file)
+    }
+}
+
+const fn known(file: &'static str, name: &'static str) -> Known {
+    Known { file, name }
+}
+
+/// Engine functions and the phase they stand for (vLLM 0.32, SGLang 0.5.23).
+const WELL_KNOWN: &[(Known, Phase)] = &[
+    // vLLM V1
     (
-        "EngineCoreProc.process_output_sockets",
+        known("vllm/v1/core/sched/scheduler.py", "Scheduler.schedule"),
+        Phase::Schedule,
+    ),
+    (
+        known(
+            "vllm/v1/core/sched/scheduler.py",
+            "Scheduler.update_from_output",
+        ),
         Phase::OutputProcessing,
     ),
-    // v1/engine/detokenizer.py
-    ("IncrementalDetokenizer.update", Phase::Detokenization),
-    ("BaseIncrementalDetokenizer.update", Phase::Detokenization),
+    // The CPU runner's base; the EngineCore's wait for its workers is the model's time too.
     (
-        "FastIncrementalDetokenizer.decode_next",
-        Phase::Detokenization,
-    ),
-    (
-        "SlowIncrementalDetokenizer.decode_next",
-        Phase::Detokenization,
-    ),
-    // renderers/base.py, v1/engine/input_processor.py
-    ("BaseRenderer._tokenize_prompt", Phase::Tokenization),
-    (
-        "BaseRenderer._tokenize_singleton_prompt",
-        Phase::Tokenization,
-    ),
-    (
-        "BaseRenderer._tokenize_singleton_prompt_async",
-        Phase::Tokenization,
-    ),
-    ("InputProcessor.process_inputs", Phase::Tokenization),
-    // SGLang: managers/scheduler.py, managers/tp_worker.py
-    ("Scheduler.get_next_batch_to_run", Phase::Schedule),
-    ("Scheduler.run_batch", Phase::ModelExecution),
-    (
-        "TpModelWorker.forward_batch_generation",
+        known(
+            "vllm/v1/worker/gpu_model_runner.py",
+            "GPUModelRunner.execute_model",
+        ),
         Phase::ModelExecution,
     ),
-    ("Scheduler.process_batch_result", Phase::OutputProcessing),
-    // managers/tokenizer_manager.py, managers/detokenizer_manager.py
     (
-        "TokenizerManager._tokenize_one_request",
+        known(
+            "vllm/v1/worker/gpu_model_runner.py",
+            "GPUModelRunner.sample_tokens",
+        ),
+        Phase::ModelExecution,
+    ),
+    (
+        known("vllm/v1/worker/gpu_worker.py", "Worker.execute_model"),
+        Phase::ModelExecution,
+    ),
+    (
+        known(
+            "vllm/v1/executor/multiproc_executor.py",
+            "MultiprocExecutor.execute_model",
+        ),
+        Phase::ModelExecution,
+    ),
+    (
+        known(
+            "vllm/v1/executor/uniproc_executor.py",
+            "UniProcExecutor.execute_model",
+        ),
+        Phase::ModelExecution,
+    ),
+    (
+        known(
+            "vllm/v1/engine/output_processor.py",
+            "OutputProcessor.process_outputs",
+        ),
+        Phase::OutputProcessing,
+    ),
+    // The output thread's serialisation.
+    (
+        known(
+            "vllm/v1/engine/core.py",
+            "EngineCoreProc.process_output_sockets",
+        ),
+        Phase::OutputProcessing,
+    ),
+    (
+        known(
+            "vllm/v1/engine/detokenizer.py",
+            "IncrementalDetokenizer.update",
+        ),
+        Phase::Detokenization,
+    ),
+    (
+        known(
+            "vllm/v1/engine/detokenizer.py",
+            "BaseIncrementalDetokenizer.update",
+        ),
+        Phase::Detokenization,
+    ),
+    (
+        known(
+            "vllm/v1/engine/detokenizer.py",
+            "FastIncrementalDetokenizer.decode_next",
+        ),
+        Phase::Detokenization,
+    ),
+    (
+        known(
+            "vllm/v1/engine/detokenizer.py",
+            "SlowIncrementalDetokenizer.decode_next",
+        ),
+        Phase::Detokenization,
+    ),
+    (
+        known("vllm/renderers/base.py", "BaseRenderer._tokenize_prompt"),
         Phase::Tokenization,
     ),
     (
-        "TokenizerManager._batch_tokenize_and_process",
+        known(
+            "vllm/renderers/base.py",
+            "BaseRenderer._tokenize_singleton_prompt",
+        ),
         Phase::Tokenization,
     ),
     (
-        "DetokenizerManager.handle_batch_token_id_out",
+        known(
+            "vllm/renderers/base.py",
+            "BaseRenderer._tokenize_singleton_prompt_async",
+        ),
+        Phase::Tokenization,
+    ),
+    (
+        known(
+            "vllm/v1/engine/input_processor.py",
+            "InputProcessor.process_inputs",
+        ),
+        Phase::Tokenization,
+    ),
+    // SGLang
+    (
+        known(
+            "sglang/srt/managers/scheduler.py",
+            "Scheduler.get_next_batch_to_run",
+        ),
+        Phase::Schedule,
+    ),
+    (
+        known("sglang/srt/managers/scheduler.py", "Scheduler.run_batch"),
+        Phase::ModelExecution,
+    ),
+    (
+        known(
+            "sglang/srt/managers/tp_worker.py",
+            "TpModelWorker.forward_batch_generation",
+        ),
+        Phase::ModelExecution,
+    ),
+    (
+        known(
+            "sglang/srt/managers/scheduler.py",
+            "Scheduler.process_batch_result",
+        ),
+        Phase::OutputProcessing,
+    ),
+    (
+        known(
+            "sglang/srt/managers/tokenizer_manager.py",
+            "TokenizerManager._tokenize_one_request",
+        ),
+        Phase::Tokenization,
+    ),
+    (
+        known(
+            "sglang/srt/managers/tokenizer_manager.py",
+            "TokenizerManager._batch_tokenize_and_process",
+        ),
+        Phase::Tokenization,
+    ),
+    (
+        known(
+            "sglang/srt/managers/detokenizer_manager.py",
+            "DetokenizerManager.handle_batch_token_id_out",
+        ),
         Phase::Detokenization,
     ),
 ];
 
 /// Thread roles by a function on the thread's stack (any frame: the loop a thread runs is its
-/// outermost engine frame); the source file of each is in the comment before it.
-const ROLE_BY_FUNCTION: &[(&str, &str)] = &[
-    // vLLM: v1/engine/core.py, v1/executor/multiproc_executor.py
-    ("EngineCoreProc.run_busy_loop", "vLLM EngineCore busy loop"),
+/// outermost engine frame).
+const ROLE_BY_FUNCTION: &[(Known, &str)] = &[
     (
-        "DPEngineCoreProc.run_busy_loop",
+        known("vllm/v1/engine/core.py", "EngineCoreProc.run_busy_loop"),
         "vLLM EngineCore busy loop",
     ),
     (
-        "EngineCoreProc.process_input_sockets",
+        known("vllm/v1/engine/core.py", "DPEngineCoreProc.run_busy_loop"),
+        "vLLM EngineCore busy loop",
+    ),
+    (
+        known(
+            "vllm/v1/engine/core.py",
+            "EngineCoreProc.process_input_sockets",
+        ),
         "vLLM EngineCore input thread",
     ),
     (
-        "EngineCoreProc.process_output_sockets",
+        known(
+            "vllm/v1/engine/core.py",
+            "EngineCoreProc.process_output_sockets",
+        ),
         "vLLM EngineCore output thread",
     ),
-    ("WorkerProc.worker_busy_loop", "vLLM worker busy loop"),
-    // SGLang: managers/scheduler.py, managers/detokenizer_manager.py
-    ("Scheduler.run_event_loop", "SGLang scheduler loop"),
-    ("DetokenizerManager.event_loop", "SGLang detokenizer loop"),
+    (
+        known(
+            "vllm/v1/executor/multiproc_executor.py",
+            "WorkerProc.worker_busy_loop",
+        ),
+        "vLLM worker busy loop",
+    ),
+    (
+        known(
+            "sglang/srt/managers/scheduler.py",
+            "Scheduler.run_event_loop",
+        ),
+        "SGLang scheduler loop",
+    ),
+    (
+        known(
+            "sglang/srt/managers/detokenizer_manager.py",
+            "DetokenizerManager.event_loop",
+        ),
+        "SGLang detokenizer loop",
+    ),
 ];
 
 /// Thread roles by the file of a frame on the stack, the outermost deciding: the event loop a
@@ -202,7 +349,7 @@ pub fn phase_of(stack: &[CodeName]) -> Option<Phase> {
     stack.iter().find_map(|frame| {
         WELL_KNOWN
             .iter()
-            .find(|(name, _)| *name == frame.name)
+            .find(|(function, _)| function.matches(frame))
             .map(|(_, phase)| *phase)
     })
 }
@@ -214,7 +361,7 @@ pub fn thread_role(name: &str, stack: &[CodeName]) -> Option<&'static str> {
         stack.iter().rev().find_map(|frame| {
             ROLE_BY_FUNCTION
                 .iter()
-                .find(|(function, _)| *function == frame.name)
+                .find(|(function, _)| function.matches(frame))
                 .map(|(_, role)| *role)
         })
     };
@@ -323,6 +470,29 @@ mod tests {
             Some("asyncio event loop")
         );
         assert_eq!(thread_role("ZMQbg/IO/0", &[]), Some("ZMQ I/O thread"));
+        // CPython 3.10 names frames by their bare function name: matched with the file.
+        let on_3_10 = framed(&[
+            (
+                "schedule",
+                "/venv/lib/python3.10/site-packages/vllm/v1/core/sched/scheduler.py",
+            ),
+            (
+                "run_busy_loop",
+                "/venv/lib/python3.10/site-packages/vllm/v1/engine/core.py",
+            ),
+        ]);
+        assert_eq!(
+            thread_role("VLLM::EngineCor", &on_3_10),
+            Some("vLLM EngineCore busy loop")
+        );
+        assert_eq!(phase_of(&on_3_10), Some(Phase::Schedule));
+        // The same bare name in another file is not the engine's.
+        let elsewhere = framed(&[
+            ("schedule", "/app/jobs.py"),
+            ("run_busy_loop", "/app/loop.py"),
+        ]);
+        assert_eq!(phase_of(&elsewhere), None);
+        assert_eq!(thread_role("python3", &elsewhere), None);
         assert_eq!(thread_role("python3", &stack(&["f", "g"])), None);
     }
 }

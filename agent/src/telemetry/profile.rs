@@ -254,6 +254,9 @@ mod tests {
         assert_eq!(p.add(&lost), SampleKind::Unknown);
         assert_eq!(p.threads[&(1, 5)].without_python, 0);
         let folded = p.folded();
-        assert!(folded.contains("1;t5 (5);[stack names lost] 1\n"), "{folded}");
+        assert!(
+            folded.contains("1;t5 (5);[stack names lost] 1\n"),
+            "{folded}"
+        );
     }
 }
