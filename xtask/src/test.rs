@@ -11,7 +11,15 @@ use crate::{ebpf, root, run};
 
 /// Seconds each fuzz target runs in CI.
 const FUZZ_SECONDS: u32 = 30;
-const FUZZ_TARGETS: &[&str] = &["http", "zmtp", "records", "vllm", "pickle", "sglang"];
+const FUZZ_TARGETS: &[&str] = &[
+    "http",
+    "zmtp",
+    "records",
+    "vllm",
+    "pickle",
+    "sglang",
+    "sglang_log",
+];
 
 pub fn test(skip_fuzz: bool) -> anyhow::Result<()> {
     let root = root();
