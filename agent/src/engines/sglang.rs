@@ -39,6 +39,8 @@ const MAX_IN_FLIGHT: usize = 65_536;
 pub const MAX_STEPS_PER_REQUEST: usize = 4096;
 /// rids of SGLang's own `/health` probes (a real one-token generate).
 const HEALTH_CHECK_PREFIX: &str = "HEALTH_CHECK_";
+/// Scheduler receipts held for a request whose send is not decoded yet.
+const MAX_EARLY_RECEIPTS: usize = 1024;
 
 /// A scheduler's parallel ranks, as SGLang's thread span names show them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -149,6 +151,13 @@ pub struct SglangTimeline {
 }
 
 impl SglangTimeline {
+    /// Scheduler `scheduler` (of `ranks`) took the request at `ns`.
+    fn received_by(&mut self, scheduler: u32, ranks: Option<Ranks>, ns: u64) {
+        self.scheduler_pid = Some(scheduler);
+        self.scheduler_ranks = ranks;
+        self.scheduler_recv_ns.get_or_insert(ns);
+    }
+
     fn new(request: &SglangRequest, frontend_pid: u32, sent_ns: u64) -> Self {
         Self {
             rid: request.rid.clone(),
@@ -256,6 +265,10 @@ pub struct SglangTracker {
     now_ns: u64,
     /// The schedulers' statistics reports since the pipeline last took them.
     reports: Vec<DecodeStats>,
+    /// Receipts of requests by a scheduler (rid -> scheduler pid, when), decoded before main's
+    /// send of the same request: each side's record is stamped when its syscall returned, and
+    /// the reader's can return first (or land in an earlier drain).
+    early_receipts: HashMap<String, (u32, u64)>,
     pub stats: SglangStats,
 }
 
@@ -270,6 +283,7 @@ impl Default for SglangTracker {
             handoffs: Handoffs::default(),
             now_ns: 0,
             reports: Vec::new(),
+            early_receipts: HashMap::new(),
             stats: SglangStats::default(),
         }
     }
@@ -371,14 +385,25 @@ impl SglangTracker {
                     .sampling
                     .stream_interval
                     .or_else(|| self.stream_intervals.get(&tgid).copied());
+                if let Some((scheduler, ns)) = self.early_receipts.remove(&r.rid) {
+                    let ranks = self.ranks.get(&scheduler).copied();
+                    timeline.received_by(scheduler, ranks, ns);
+                }
                 self.stats.evicted += self.in_flight.insert(r.rid.clone(), timeline);
             }
             (SglangMessage::Request(r), false) => {
                 self.handoffs.received(tgid, last_ns, true);
-                if let Some(t) = self.in_flight.get_mut(&r.rid) {
-                    t.scheduler_pid = Some(tgid);
-                    t.scheduler_ranks = self.ranks.get(&tgid).copied();
-                    t.scheduler_recv_ns.get_or_insert(last_ns);
+                let ranks = self.ranks.get(&tgid).copied();
+                match self.in_flight.get_mut(&r.rid) {
+                    Some(t) => t.received_by(tgid, ranks, last_ns),
+                    None if !r.rid.starts_with(HEALTH_CHECK_PREFIX) => {
+                        if self.early_receipts.len() >= MAX_EARLY_RECEIPTS {
+                            // Receipts of requests whose send never came (sent before attach).
+                            self.early_receipts.clear();
+                        }
+                        self.early_receipts.insert(r.rid.clone(), (tgid, last_ns));
+                    }
+                    None => {}
                 }
             }
             (SglangMessage::Outputs(o), true) if o.stage == OutputStage::TokenIds => {
@@ -524,5 +549,33 @@ mod tests {
         assert_eq!(scheduler_ranks(&title("sglang::detokenizer")), None);
         assert_eq!(scheduler_ranks(&["python".into(), "-m".into()]), None);
         assert_eq!(scheduler_ranks(&[]), None);
+    }
+
+    #[test]
+    fn a_receipt_decoded_before_its_send_still_times_the_request() {
+        let mut tracker = SglangTracker::default();
+        let request = |rid: &str| {
+            SglangMessage::Request(Box::new(SglangRequest {
+                rid: rid.into(),
+                ..SglangRequest::default()
+            }))
+        };
+        // The scheduler's read returned before main's write did.
+        tracker.message(20, false, request("r1"), 900, 1_000);
+        tracker.message(10, true, request("r1"), 950, 960);
+        let t = tracker.in_flight.get_mut("r1").expect("in flight");
+        assert_eq!(
+            (t.scheduler_pid, t.scheduler_recv_ns),
+            (Some(20), Some(1_000))
+        );
+        assert!(tracker.early_receipts.is_empty());
+        // In order, as usual.
+        tracker.message(10, true, request("r2"), 2_000, 2_010);
+        tracker.message(20, false, request("r2"), 2_020, 2_030);
+        let t = tracker.in_flight.get_mut("r2").expect("in flight");
+        assert_eq!(
+            (t.scheduler_pid, t.scheduler_recv_ns),
+            (Some(20), Some(2_030))
+        );
     }
 }
