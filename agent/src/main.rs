@@ -356,9 +356,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let (header, summary, pipeline) = session::replay_pipeline(
                 &file,
                 |header| {
-                    let clock = Clock {
-                        realtime_minus_monotonic_ns: header.realtime_minus_monotonic_ns,
-                    };
+                    let clock = Clock::fixed(header.realtime_minus_monotonic_ns);
                     // Recordings made before the header kept the engine: tell it from the
                     // process titles SGLang sets (`sglang::scheduler`, ...).
                     let engine = header.engine.clone().or_else(|| {
@@ -445,13 +443,8 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<Pipeline>
             ),
         }
     }
-    let clock = Clock {
-        realtime_minus_monotonic_ns: session::realtime_minus_monotonic_ns(),
-    };
-    let console = args
-        .output
-        .messages
-        .then(|| Console::new(clock.realtime_minus_monotonic_ns));
+    let clock = Clock::fixed(session::realtime_minus_monotonic_ns());
+    let console = args.output.messages.then(|| Console::new(clock.latest()));
     let mut pipeline = args.output.pipeline(
         clock,
         options.engine.clone(),

@@ -186,6 +186,12 @@ impl Pipeline {
 
     /// Take a batch of decoded messages (in time order).
     pub fn handle(&mut self, batch: &[Decoded]) {
+        for decoded in batch {
+            if let Decoded::Clock(moved) = decoded {
+                self.clock
+                    .wall_clock_moved(moved.monotonic_ns, moved.realtime_minus_monotonic_ns);
+            }
+        }
         self.gpu_and_python(batch);
         if let Some(sglang) = self.sglang.as_mut() {
             for decoded in batch {

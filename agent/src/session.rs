@@ -57,6 +57,8 @@ pub struct Summary {
     pub vanished_fds: u64,
     /// What the Python sampler could and could not do (live sessions).
     pub python: PythonStats,
+    /// Times the wall clock moved against the capture clock (stepped or slewed).
+    pub clock_moves: u64,
 }
 
 impl Summary {
@@ -64,6 +66,7 @@ impl Summary {
     fn count(&mut self, event: &CaptureEvent) {
         match event {
             CaptureEvent::Counters(c) => self.kernel = *c,
+            CaptureEvent::Clock { .. } => self.clock_moves += 1,
             CaptureEvent::Kernel(record) => {
                 self.records += 1;
                 match record {
@@ -106,6 +109,13 @@ impl std::fmt::Display for Summary {
             self.vanished_fds,
             s.ignored_bytes
         )?;
+        if self.clock_moves > 0 {
+            write!(
+                f,
+                "; the wall clock moved {} times (instants converted with the offset of their time)",
+                self.clock_moves
+            )?;
+        }
         let p = &self.python;
         if p.processes + p.unsupported > 0 {
             write!(
@@ -121,16 +131,7 @@ impl std::fmt::Display for Summary {
 
 /// CLOCK_REALTIME - CLOCK_MONOTONIC now, in ns.
 pub fn realtime_minus_monotonic_ns() -> i128 {
-    let read = |clock| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: valid clock id and out pointer.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
-    };
-    read(libc::CLOCK_REALTIME) - read(libc::CLOCK_MONOTONIC)
+    crate::capture::clock::realtime_minus_monotonic().1
 }
 
 /// CLOCK_MONOTONIC now, ns (the kernel's timestamps use this clock).

@@ -255,9 +255,7 @@ fn replay_to_jsonl(name: &str, out: &std::path::Path, sglang_trace_level: u8) {
                     engine: Some(Engine::Sglang),
                     profile_output: None,
                 },
-                Clock {
-                    realtime_minus_monotonic_ns: header.realtime_minus_monotonic_ns,
-                },
+                Clock::fixed(header.realtime_minus_monotonic_ns),
                 std::sync::Arc::new(std::sync::Mutex::new(Registry::default())),
                 vec![Box::new(Jsonl::new(std::io::BufWriter::new(file)))],
             ))

@@ -170,9 +170,7 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
                     engine: None,
                     profile_output: None,
                 },
-                Clock {
-                    realtime_minus_monotonic_ns: header.realtime_minus_monotonic_ns,
-                },
+                Clock::fixed(header.realtime_minus_monotonic_ns),
                 Arc::new(Mutex::new(Registry::default())),
                 vec![Box::new(Jsonl::new(BufWriter::new(file)))],
             ))

@@ -10,6 +10,7 @@ use anyhow::bail;
 
 use super::{
     CaptureEvent, ProcessInfo, Record,
+    clock::{self, ClockWatch},
     cuda_watch::{CudaDriver, CudaWatch},
     kernel::{KernelCapture, KernelOptions},
     python_watch::PythonWatch,
@@ -42,6 +43,7 @@ pub struct LiveCapture {
     pub python: PythonWatch,
     roles: Roles,
     sockets: SocketLookup,
+    clock: ClockWatch,
     pub stats: LiveStats,
 }
 
@@ -91,6 +93,7 @@ impl LiveCapture {
                 python,
                 roles: Roles::default(),
                 sockets: SocketLookup::default(),
+                clock: ClockWatch::new(clock::realtime_minus_monotonic().1),
                 stats: LiveStats::default(),
             },
             events,
@@ -124,6 +127,12 @@ impl LiveCapture {
             out.push(CaptureEvent::Kernel(record));
         }
         out.push(CaptureEvent::Counters(self.kernel.counters()));
+        if let Some((monotonic_ns, realtime_minus_monotonic_ns)) = self.clock.look() {
+            out.push(CaptureEvent::Clock {
+                monotonic_ns,
+                realtime_minus_monotonic_ns,
+            });
+        }
         out.push(CaptureEvent::Tick);
         n == BATCH
     }

@@ -1,6 +1,7 @@
 //! Stage 1: everything the agent learns from the kernel and from /proc, as a stream of
 //! [`CaptureEvent`]s. Live capture produces it ([`live`]), a recording stores it
 //! ([`recording`]), and replay reads it back, so all later stages run the same either way.
+pub mod clock;
 pub mod cuda_watch;
 pub mod kernel;
 pub mod library_watch;
@@ -43,6 +44,12 @@ pub enum CaptureEvent {
         tgid: u32,
         stack_id: u64,
         frames: Vec<CodeName>,
+    },
+    /// The wall clock moved against the capture clock: from capture time `monotonic_ns` on,
+    /// CLOCK_REALTIME - CLOCK_MONOTONIC is `realtime_minus_monotonic_ns`.
+    Clock {
+        monotonic_ns: u64,
+        realtime_minus_monotonic_ns: i128,
     },
     /// End of one batch read from the ring buffer. A record still missing after two ticks is
     /// lost: records of one syscall are written within microseconds of each other.

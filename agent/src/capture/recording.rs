@@ -57,6 +57,11 @@ pub enum MetaEvent {
         stack_id: u64,
         frames: Vec<CodeName>,
     },
+    /// The offset as i64 (serde's tagged enums cannot hold an i128; an i64 of ns reaches 2262).
+    Clock {
+        monotonic_ns: u64,
+        realtime_minus_monotonic_ns: i64,
+    },
 }
 
 #[derive(Debug, Error)]
@@ -105,6 +110,15 @@ impl<W: Write> Writer<W> {
                 tgid: *tgid,
                 stack_id: *stack_id,
                 frames: frames.clone(),
+            },
+            CaptureEvent::Clock {
+                monotonic_ns,
+                realtime_minus_monotonic_ns,
+            } => MetaEvent::Clock {
+                monotonic_ns: *monotonic_ns,
+                realtime_minus_monotonic_ns: (*realtime_minus_monotonic_ns)
+                    .clamp(i64::MIN.into(), i64::MAX.into())
+                    as i64,
             },
         };
         self.frame(TAG_META, &serde_json::to_vec(&meta)?)
@@ -208,6 +222,13 @@ fn decode_frame(tag: u8, body: &[u8]) -> Result<CaptureEvent, String> {
                     stack_id,
                     frames,
                 },
+                MetaEvent::Clock {
+                    monotonic_ns,
+                    realtime_minus_monotonic_ns,
+                } => CaptureEvent::Clock {
+                    monotonic_ns,
+                    realtime_minus_monotonic_ns: realtime_minus_monotonic_ns.into(),
+                },
             })
         }
         other => Err(format!("unknown frame tag {other}")),
@@ -258,16 +279,23 @@ mod tests {
             fd: 3,
             kind: FdKind::Unix { path: None },
         };
+        // A wall clock far ahead of the monotonic one, or behind it: the offset keeps its sign.
+        let clock = CaptureEvent::Clock {
+            monotonic_ns: 7,
+            realtime_minus_monotonic_ns: -1_796_297_145_939_750_912,
+        };
         let mut buf = Vec::new();
         let mut w = Writer::new(&mut buf, &header()).unwrap();
         w.write(&kernel).unwrap();
         w.write(&fd).unwrap();
+        w.write(&clock).unwrap();
         w.write(&CaptureEvent::Tick).unwrap();
         w.flush().unwrap();
         let (mut r, h) = Reader::open(&buf[..]).unwrap();
         assert_eq!(h, header());
         assert_eq!(r.next_event().unwrap(), Some(kernel));
         assert_eq!(r.next_event().unwrap(), Some(fd));
+        assert_eq!(r.next_event().unwrap(), Some(clock));
         assert_eq!(r.next_event().unwrap(), Some(CaptureEvent::Tick));
         assert_eq!(r.next_event().unwrap(), None);
     }

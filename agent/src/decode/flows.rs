@@ -54,6 +54,16 @@ pub enum Decoded {
     Handover(Handover),
     /// A line a process wrote to its log (stdout or stderr).
     Log(LogLine),
+    /// The wall clock moved against the capture clock.
+    Clock(ClockMove),
+}
+
+/// From capture time `monotonic_ns` on, CLOCK_REALTIME - CLOCK_MONOTONIC is
+/// `realtime_minus_monotonic_ns`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockMove {
+    pub monotonic_ns: u64,
+    pub realtime_minus_monotonic_ns: i128,
 }
 
 /// One line of a process's log.
@@ -112,6 +122,7 @@ impl Decoded {
                 | Decoded::Cuda(_)
                 | Decoded::PySample(_)
                 | Decoded::Handover(_)
+                | Decoded::Clock(_)
         )
     }
 
@@ -136,6 +147,7 @@ impl Decoded {
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
             Decoded::PySample(sample) => sample.ns,
             Decoded::Log(log) => log.ns,
+            Decoded::Clock(moved) => moved.monotonic_ns,
         }
     }
 
@@ -158,6 +170,7 @@ impl Decoded {
             Decoded::PySample(sample) => sample.ns,
             Decoded::Handover(h) => h.ns,
             Decoded::Log(log) => log.ns,
+            Decoded::Clock(moved) => moved.monotonic_ns,
         }
     }
 }
@@ -512,6 +525,13 @@ impl FlowTable {
                 tgid: header.tgid,
                 enter_ns: *enter_ns,
                 exit_ns: header.ts_ns,
+            })),
+            CaptureEvent::Clock {
+                monotonic_ns,
+                realtime_minus_monotonic_ns,
+            } => out.push(Decoded::Clock(ClockMove {
+                monotonic_ns: *monotonic_ns,
+                realtime_minus_monotonic_ns: *realtime_minus_monotonic_ns,
             })),
             CaptureEvent::Tick => self.tick(&mut out),
             CaptureEvent::Process(info) => out.push(Decoded::Process(info.clone())),

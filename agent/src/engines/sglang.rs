@@ -313,7 +313,7 @@ impl SglangTracker {
             // SGLang's frontend handles an output in the task that read it: the mailbox read
             // is its instant, with no loop iteration to wait for.
             // GPU steps and Python samples go to the pipeline's own stages.
-            Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_) => {}
+            Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_) => {}
             // Only schedulers' logs are read.
             Decoded::Log(log) => {
                 self.stats.log_lines += 1;

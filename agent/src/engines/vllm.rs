@@ -394,7 +394,8 @@ impl VllmTracker {
             | Decoded::Cuda(_)
             | Decoded::PySample(_)
             | Decoded::Handover(_)
-            | Decoded::Log(_) => {}
+            | Decoded::Log(_)
+            | Decoded::Clock(_) => {}
         }
     }
 

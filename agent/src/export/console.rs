@@ -78,6 +78,13 @@ impl Console {
             Decoded::Log(log) => {
                 let _ = write!(line, " log pid={} {}", log.tgid, log.line);
             }
+            Decoded::Clock(moved) => {
+                let _ = write!(
+                    line,
+                    " wall clock now {} ns ahead of the monotonic clock",
+                    moved.realtime_minus_monotonic_ns
+                );
+            }
             Decoded::LoopWait(_) | Decoded::PySample(_) => {}
             Decoded::Cuda(CudaEvent::Step(step)) => {
                 let _ = write!(

@@ -225,9 +225,7 @@ mod tests {
 
     #[test]
     fn a_step_is_reported_with_cpu_side_times_only() {
-        let clock = Clock {
-            realtime_minus_monotonic_ns: 1_000_000,
-        };
+        let clock = Clock::fixed(1_000_000);
         let report = report(&gpu_step(), &clock);
         assert_eq!(report.ended_by, "cuEventSynchronize");
         assert_eq!(report.end_unix_nano, 1_005_000);

@@ -2,6 +2,7 @@
 //! and dimensions exactly as the spec writes them). Pure: exporters take it from here.
 pub mod agent_metrics;
 pub mod api_metrics;
+pub mod clock;
 pub mod entry_span;
 pub mod gpu;
 pub mod metrics;
@@ -12,6 +13,8 @@ pub mod sglang_spans;
 pub mod span;
 pub mod vllm_metrics;
 pub mod vllm_spans;
+
+pub use clock::Clock;
 
 /// What the spans contain.
 #[derive(Clone, Debug)]
@@ -39,39 +42,4 @@ impl Default for SpanOptions {
             host_id: None,
         }
     }
-}
-
-/// Converts the capture clock (CLOCK_MONOTONIC, which vLLM's `time.monotonic()` also reads)
-/// and wall-clock seconds into Unix nanoseconds.
-#[derive(Clone, Copy, Debug)]
-pub struct Clock {
-    /// CLOCK_REALTIME - CLOCK_MONOTONIC, ns, measured when the capture started.
-    pub realtime_minus_monotonic_ns: i128,
-}
-
-impl Clock {
-    pub fn unix_ns(&self, monotonic_ns: u64) -> u64 {
-        to_u64(i128::from(monotonic_ns) + self.realtime_minus_monotonic_ns)
-    }
-
-    /// A CLOCK_MONOTONIC time in seconds (an engine timestamp).
-    pub fn unix_ns_of_mono_secs(&self, seconds: f64) -> u64 {
-        to_u64((seconds * 1e9).round() as i128 + self.realtime_minus_monotonic_ns)
-    }
-
-    /// Nanoseconds from a wall-clock instant in seconds (vLLM's `arrival_time`) to a capture
-    /// time; 0 when the capture time is earlier.
-    pub fn ns_since_wall_secs(&self, wall_secs: f64, monotonic_ns: u64) -> u64 {
-        self.unix_ns(monotonic_ns)
-            .saturating_sub(self.unix_ns_of_wall_secs(wall_secs))
-    }
-
-    /// A wall-clock time in seconds (`time.time()`).
-    pub fn unix_ns_of_wall_secs(&self, seconds: f64) -> u64 {
-        to_u64((seconds * 1e9).round() as i128)
-    }
-}
-
-fn to_u64(ns: i128) -> u64 {
-    u64::try_from(ns.max(0)).unwrap_or(u64::MAX)
 }

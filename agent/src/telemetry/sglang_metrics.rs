@@ -240,9 +240,7 @@ mod tests {
     }
 
     fn record(timelines: Vec<SglangTimeline>) -> Registry {
-        let clock = Clock {
-            realtime_minus_monotonic_ns: 0,
-        };
+        let clock = Clock::fixed(0);
         let mut r = Registry::default();
         let trace = Outcome {
             api: None,

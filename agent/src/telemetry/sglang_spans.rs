@@ -648,9 +648,7 @@ mod tests {
         let spans = spans(
             &trace,
             &SpanOptions::default(),
-            &Clock {
-                realtime_minus_monotonic_ns: 0,
-            },
+            &Clock::fixed(0),
             &mut IdGenerator::default(),
         );
         let loops: Vec<&Span> = spans.iter().filter(|s| s.name == "decode_loop").collect();

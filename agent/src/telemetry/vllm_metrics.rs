@@ -267,9 +267,7 @@ mod tests {
     const ARRIVAL: f64 = 1_759_001_000.5;
 
     fn clock() -> Clock {
-        Clock {
-            realtime_minus_monotonic_ns: R,
-        }
+        Clock::fixed(R)
     }
 
     /// Monotonic ns of 1000 s + `ms`.

@@ -348,9 +348,7 @@ mod tests {
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
     fn clock() -> Clock {
-        Clock {
-            realtime_minus_monotonic_ns: R,
-        }
+        Clock::fixed(R)
     }
 
     fn step(kind: StepKind, timestamp: f64, token_ids: &[u64]) -> RequestStep {
