@@ -492,7 +492,8 @@ fn results(pipeline: &Pipeline) -> String {
             "SGLang: {} requests sent to the scheduler, {} outputs, {} undecodable messages, {} \
              health checks left out, {} outputs of requests sent before attach, {} requests \
              unfinished at the end, {} dropped (too many in flight), {} scheduler log lines \
-             read ({} statistics reports)",
+             read ({} statistics reports), {} retractions placed ({} whose request was not \
+             certain left out)",
             g.requests,
             g.outputs,
             g.undecodable,
@@ -501,7 +502,9 @@ fn results(pipeline: &Pipeline) -> String {
             g.unfinished_at_end,
             g.evicted,
             g.log_lines,
-            g.stats_reports
+            g.stats_reports,
+            g.retractions_placed,
+            g.retractions_unplaced
         ),
         None => {
             let t = pipeline.tracker_stats();

@@ -527,3 +527,91 @@ pub fn compare_scheduler_reports(ours: &Path, log: &str) -> Report {
     }
     r
 }
+
+/// `retract` event times per rid, from one side's spans (`rid` of each trace's request span).
+fn retract_events(lines: &[Value], ours: bool) -> BTreeMap<String, Vec<u64>> {
+    let trace = |v: &Value| {
+        let key = if ours { "trace_id" } else { "traceId" };
+        v[key].as_str().unwrap_or_default().to_string()
+    };
+    let mut rid_of = BTreeMap::new();
+    let mut times: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for v in lines {
+        if v["name"].as_str().is_some_and(|n| n.starts_with(" Req "))
+            && let Some(rid) = v["attributes"]["rid"].as_str()
+        {
+            rid_of.insert(trace(v), rid.to_string());
+        }
+        for event in v["events"].as_array().into_iter().flatten() {
+            if event["name"] != "retract" {
+                continue;
+            }
+            let at = if ours {
+                event["time_unix_nano"].as_u64()
+            } else {
+                event["timeUnixNano"].as_str().and_then(|s| s.parse().ok())
+            };
+            times.entry(trace(v)).or_default().extend(at);
+        }
+    }
+    times
+        .into_iter()
+        .filter_map(|(trace, at)| Some((rid_of.get(&trace)?.clone(), at)))
+        .collect()
+}
+
+/// infertrace's `retract` events against SGLang's own: none where SGLang has none, never more
+/// per request than SGLang's, each within `RETRACT_S` before SGLang's (SGLang stamps its event
+/// when it puts the request back in its queue, just after it logs the retraction), and at
+/// least half of SGLang's placed.
+pub fn compare_retractions(ours: &Path, theirs: &Path) -> Report {
+    const RETRACT_S: f64 = 5e-3;
+    let ours = retract_events(&json_lines(ours), true);
+    let theirs = retract_events(&json_lines(theirs), false);
+    let mut r = Report::default();
+    let (mut placed, mut total, mut worst) = (0usize, 0usize, 0.0f64);
+    for at in theirs.values() {
+        total += at.len();
+    }
+    for (rid, at) in &ours {
+        let Some(truth) = theirs.get(rid) else {
+            r.fail(format!("{rid}: {} retract events, SGLang none", at.len()));
+            continue;
+        };
+        if at.len() > truth.len() {
+            r.fail(format!(
+                "{rid}: {} retract events, SGLang {}",
+                at.len(),
+                truth.len()
+            ));
+        }
+        for &ns in at {
+            // Ours is the log line's write; SGLang's the re-queueing right after it.
+            let nearest = truth
+                .iter()
+                .map(|&t| (t as f64 - ns as f64) / 1e9)
+                .min_by(|a, b| a.abs().total_cmp(&b.abs()))
+                .unwrap_or(f64::INFINITY);
+            worst = worst.max(nearest.abs());
+            if !(-1e-4..=RETRACT_S).contains(&nearest) {
+                r.fail(format!(
+                    "{rid}: retract at {ns}, SGLang's nearest {nearest:+.6} s away"
+                ));
+            }
+            placed += 1;
+        }
+    }
+    let _ = writeln!(
+        r.text,
+        "retract events: infertrace {placed}, SGLang {total} over {} requests; largest distance \
+         to SGLang's {:.3} ms",
+        theirs.len(),
+        worst * 1e3
+    );
+    if total == 0 || placed * 2 < total {
+        r.fail(format!(
+            "{placed} of SGLang's {total} retract events placed"
+        ));
+    }
+    r
+}

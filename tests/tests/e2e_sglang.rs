@@ -161,3 +161,49 @@ fn sglang_pickle_ipc_spans_match_sglangs_own_tracing() {
 fn sglang_msgpack_ipc_spans_match_sglangs_own_tracing() {
     spans_match_sglangs_own_tracing("msgpack", &[("SGLANG_USE_PICKLE_IPC", "0")]);
 }
+
+/// Retractions: SGLang retracts a running request every `SGLANG_TEST_RETRACT_INTERVAL` forward
+/// passes (its own test switch, a real retraction each time: the request goes back to the
+/// queue and is prefilled again); infertrace's `retract` events are compared with SGLang's.
+#[test]
+fn sglang_retractions_match_sglangs_own_retract_events() {
+    let dir = temp_dir("e2e-sglang-retract");
+    let truth = dir.join("sglang.otlp.jsonl");
+    let ours = dir.join("ours.jsonl");
+    let client = dir.join("client.json");
+    let mut cleanup = Cleanup::default();
+    let receiver = otlp_receiver(&mut cleanup, &truth);
+    let otlp = format!("127.0.0.1:{}", receiver.grpc_port);
+    let envs = [
+        ("TRACE", "1"),
+        ("OTLP", otlp.as_str()),
+        ("SGLANG_TRACE_LEVEL", "3"),
+        ("SGLANG_TEST_RETRACT", "1"),
+        ("SGLANG_TEST_RETRACT_INTERVAL", "25"),
+    ];
+    let main_pid = cleanup.fresh_engine(EngineKind::Sglang, PORT, &["--enable-metrics"], &envs);
+    let agent = attach(&main_pid, &ours, free_port());
+    workload(
+        PORT,
+        &client,
+        &["--quick", "--long-tokens", "450", "--seed", "0"],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let stderr = stop(agent);
+    std::thread::sleep(Duration::from_secs(5));
+    receiver.write_out();
+    let report = sglang_truth::compare_retractions(&ours, &truth);
+    println!(
+        "{}\n{}",
+        report.text,
+        stderr.lines().last().unwrap_or_default()
+    );
+    assert!(
+        report.failures.is_empty(),
+        "{:#?}\n{}\n{stderr}",
+        report.failures,
+        report.text
+    );
+    drop(cleanup);
+    let _ = std::fs::remove_dir_all(&dir);
+}

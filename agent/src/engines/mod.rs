@@ -6,6 +6,7 @@ pub mod handoff;
 pub mod in_flight;
 pub mod iteration_work;
 pub mod join;
+pub mod retractions;
 pub mod send_probe;
 pub mod sglang;
 pub mod vllm;

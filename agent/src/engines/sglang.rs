@@ -23,6 +23,7 @@ use super::{
     in_flight::InFlight,
     iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
+    retractions::RetractionLog,
 };
 use crate::decode::{
     flows::Decoded,
@@ -39,6 +40,8 @@ const MAX_IN_FLIGHT: usize = 65_536;
 pub const MAX_STEPS_PER_REQUEST: usize = 4096;
 /// rids of SGLang's own `/health` probes (a real one-token generate).
 const HEALTH_CHECK_PREFIX: &str = "HEALTH_CHECK_";
+/// Retractions placed per request.
+const MAX_RETRACTIONS_PER_REQUEST: usize = 64;
 /// Scheduler receipts held for a request whose send is not decoded yet.
 const MAX_EARLY_RECEIPTS: usize = 1024;
 
@@ -139,6 +142,11 @@ pub struct SglangTimeline {
     pub completion_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub retractions: Option<u64>,
+    /// The retraction count of the scheduler's latest output for it, and the capture times
+    /// of the retractions placed (`retractions`), and of those that could not be placed.
+    pub retractions_seen: u64,
+    pub retracted_ns: Vec<u64>,
+    pub retractions_unplaced: u64,
     pub finish: Option<SglangFinish>,
     /// The scheduler's instants, with `--enable-metrics`.
     pub times: Option<SchedulerTimes>,
@@ -202,6 +210,39 @@ impl SglangTimeline {
     }
 }
 
+/// The scheduler's output at `ns` says the request was retracted `count` times so far: its
+/// retractions since the scheduler's previous output for it (or its receipt) are placed at
+/// the retraction lines of that window when they are exactly as many (`retractions`).
+fn place_retractions(
+    t: &mut SglangTimeline,
+    count: Option<u64>,
+    (scheduler, ns): (u32, u64),
+    log: &RetractionLog,
+    stats: &mut SglangStats,
+) {
+    let Some(count) = count.filter(|&c| c > t.retractions_seen) else {
+        return;
+    };
+    let new = count - t.retractions_seen;
+    t.retractions_seen = count;
+    let after = t
+        .scheduler_output_ns
+        .last()
+        .copied()
+        .or(t.scheduler_recv_ns)
+        .unwrap_or(t.sent_ns);
+    match log.place(scheduler, after, ns, new) {
+        Some(at) if t.retracted_ns.len() + at.len() <= MAX_RETRACTIONS_PER_REQUEST => {
+            stats.retractions_placed += new;
+            t.retracted_ns.extend(at);
+        }
+        _ => {
+            stats.retractions_unplaced += new;
+            t.retractions_unplaced += new;
+        }
+    }
+}
+
 impl EngineRequestInfo for SglangTimeline {
     fn api_id(&self) -> &str {
         &self.rid
@@ -251,6 +292,10 @@ pub struct SglangStats {
     /// Lines of the schedulers' logs read, and the statistics reports among them.
     pub log_lines: u64,
     pub stats_reports: u64,
+    /// Retractions of requests put at the instant their scheduler logged them, and those
+    /// whose instant was not certain (left out).
+    pub retractions_placed: u64,
+    pub retractions_unplaced: u64,
 }
 
 pub struct SglangTracker {
@@ -269,6 +314,7 @@ pub struct SglangTracker {
     /// send of the same request: each side's record is stamped when its syscall returned, and
     /// the reader's can return first (or land in an earlier drain).
     early_receipts: HashMap<String, (u32, u64)>,
+    retraction_log: RetractionLog,
     pub stats: SglangStats,
 }
 
@@ -284,6 +330,7 @@ impl Default for SglangTracker {
             now_ns: 0,
             reports: Vec::new(),
             early_receipts: HashMap::new(),
+            retraction_log: RetractionLog::default(),
             stats: SglangStats::default(),
         }
     }
@@ -317,9 +364,15 @@ impl SglangTracker {
             // Only schedulers' logs are read.
             Decoded::Log(log) => {
                 self.stats.log_lines += 1;
-                if let Some(SchedulerLog::DecodeStats(report)) = sglang_log::parse(&log.line) {
-                    self.stats.stats_reports += 1;
-                    self.reports.push(report);
+                match sglang_log::parse(&log.line) {
+                    Some(SchedulerLog::DecodeStats(report)) => {
+                        self.stats.stats_reports += 1;
+                        self.reports.push(report);
+                    }
+                    Some(SchedulerLog::Retract { .. }) => {
+                        self.retraction_log.logged(log.tgid, log.ns);
+                    }
+                    None => {}
                 }
             }
             Decoded::Process(info) => {
@@ -409,6 +462,13 @@ impl SglangTracker {
             (SglangMessage::Outputs(o), true) if o.stage == OutputStage::TokenIds => {
                 for item in &o.items {
                     if let Some(t) = self.in_flight.get_mut(&item.rid) {
+                        place_retractions(
+                            t,
+                            item.retractions,
+                            (tgid, first_ns),
+                            &self.retraction_log,
+                            &mut self.stats,
+                        );
                         SglangTimeline::push_bounded(
                             &mut t.scheduler_output_ns,
                             first_ns,
@@ -576,6 +636,55 @@ mod tests {
         assert_eq!(
             (t.scheduler_pid, t.scheduler_recv_ns),
             (Some(20), Some(2_030))
+        );
+    }
+
+    #[test]
+    fn a_retraction_is_put_on_the_request_whose_count_rose() {
+        use crate::decode::{
+            flows::LogLine,
+            sglang::{OutputStage, SglangOutputs},
+        };
+        let mut tracker = SglangTracker::default();
+        let request = SglangMessage::Request(Box::new(SglangRequest {
+            rid: "r1".into(),
+            ..SglangRequest::default()
+        }));
+        tracker.message(10, true, request.clone(), 100, 110);
+        tracker.message(20, false, request, 120, 130);
+        let output = |retractions| {
+            SglangMessage::Outputs(SglangOutputs {
+                stage: OutputStage::TokenIds,
+                items: vec![RidOutput {
+                    rid: "r1".into(),
+                    retractions: Some(retractions),
+                    ..RidOutput::default()
+                }],
+            })
+        };
+        tracker.message(20, true, output(0), 200, 210);
+        let retract = |ns| {
+            Decoded::Log(LogLine {
+                tgid: 20,
+                ns,
+                line: "[t] KV cache pool is full. Retract requests. #retracted_reqs: 1".into(),
+            })
+        };
+        tracker.feed(&retract(250));
+        tracker.message(20, true, output(1), 300, 310);
+        // Two retraction lines, one of them this request's: not placed.
+        tracker.feed(&retract(350));
+        tracker.feed(&retract(360));
+        tracker.message(20, true, output(2), 400, 410);
+        let t = tracker.in_flight.get_mut("r1").expect("in flight");
+        assert_eq!(t.retracted_ns, vec![250]);
+        assert_eq!(t.retractions_unplaced, 1);
+        assert_eq!(
+            (
+                tracker.stats.retractions_placed,
+                tracker.stats.retractions_unplaced
+            ),
+            (1, 1)
         );
     }
 }

@@ -29,14 +29,14 @@
 //!
 //! Request-span latencies are float seconds (the spec's unit for SGLang). The scheduler's
 //! ranks come from its process title. Each stage links to the one before it, as SGLang's do;
-//! span events are not produced yet.
+//! span events: `retract` (placed as engines/retractions.rs says); `schedule` is not produced.
 use std::sync::LazyLock;
 
 use super::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
     gpu, python_samples,
-    span::{AttrValue, Attributes, IdGenerator, Span},
+    span::{AttrValue, Attributes, IdGenerator, Span, SpanEvent},
 };
 use crate::decode::openai::{ApiCall, Operation};
 use crate::engines::{
@@ -344,7 +344,6 @@ fn request_spans(
         return;
     };
     let recv = clock.unix_ns(recv);
-    let mono = |s: f64| clock.unix_ns_of_mono_secs(s);
     let completion = t.scheduler_output_ns.last().map(|n| clock.unix_ns(*n));
     let ranks = t.scheduler_ranks;
     let mut attributes = thread_attributes("Scheduler", host, pid);
@@ -357,6 +356,7 @@ fn request_spans(
     if let Some(reason) = &error {
         attributes.push(("reason", reason.clone().into()));
     }
+    let thread_index = b.out.len();
     let scheduler = b.thread(
         thread_name(&scheduler_label(ranks), host, pid),
         (recv, completion.unwrap_or(recv)),
@@ -364,6 +364,27 @@ fn request_spans(
         attributes,
         error,
     );
+    scheduler_stages(&mut b, t, clock, (scheduler, recv), completion);
+    if b.max_level >= RETRACT_LEVEL {
+        for &at in &t.retracted_ns {
+            b.event_in_covering_stage(thread_index, "retract", clock.unix_ns(at));
+        }
+    }
+}
+
+/// The spec's level of the `retract` event.
+const RETRACT_LEVEL: u8 = 1;
+
+/// The scheduler's stage spans of a request, under its thread span `scheduler` (which starts
+/// at `recv`; `completion`: the request's last output).
+fn scheduler_stages(
+    b: &mut Children,
+    t: &SglangTimeline,
+    clock: &Clock,
+    (scheduler, recv): ([u8; 8], u64),
+    completion: Option<u64>,
+) {
+    let mono = |s: f64| clock.unix_ns_of_mono_secs(s);
     let times = t.times.unwrap_or_default();
     let stages = [
         (
@@ -468,6 +489,27 @@ impl Children<'_> {
         let id = span.span_id;
         self.out.push(span);
         id
+    }
+
+    /// An event at `at` on the innermost stage span that covers it among those pushed after
+    /// the thread span at `thread_index`, else on that thread span (the spec's rule).
+    fn event_in_covering_stage(&mut self, thread_index: usize, name: &'static str, at: u64) {
+        let Some(stages) = self.out.get(thread_index + 1..) else {
+            return;
+        };
+        let covering = stages
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.start_time_unix_nano <= at && at <= s.end_time_unix_nano)
+            .max_by_key(|(_, s)| s.start_time_unix_nano)
+            .map_or(thread_index, |(i, _)| thread_index + 1 + i);
+        if let Some(span) = self.out.get_mut(covering) {
+            span.events.push(SpanEvent {
+                name,
+                time_unix_nano: at,
+                attributes: Vec::new(),
+            });
+        }
     }
 
     /// A thread span; `error`: its ERROR status message.
@@ -674,5 +716,64 @@ mod tests {
         );
         assert_eq!(get(loops[1], "infertrace.cuda.graph_launches"), None);
         assert_eq!(get(loops[1], "decode_ct"), Some(1i64.into()));
+    }
+
+    #[test]
+    fn a_retraction_goes_on_the_stage_that_covers_it_else_on_the_thread() {
+        use crate::engines::join::Outcome;
+        const MS: u64 = 1_000_000;
+        let t = SglangTimeline {
+            rid: "0123456789abcdef".into(),
+            stream: true,
+            completion_tokens: Some(3),
+            frontend_pid: 10,
+            scheduler_pid: Some(11),
+            sent_ns: 100 * MS,
+            scheduler_recv_ns: Some(101 * MS),
+            scheduler_output_ns: vec![110 * MS, 120 * MS, 130 * MS],
+            first_output_ns: Some(111 * MS),
+            last_output_ns: Some(131 * MS),
+            finished_ns: Some(131 * MS),
+            // In the second decode loop (and its decode_forward), and before any stage.
+            retracted_ns: vec![125 * MS, 105 * MS],
+            ..SglangTimeline::default()
+        };
+        let trace = Outcome {
+            api: None,
+            engine: vec![t],
+        };
+        let build = |level| {
+            spans(
+                &trace,
+                &SpanOptions {
+                    sglang_trace_level: level,
+                    ..SpanOptions::default()
+                },
+                &Clock::fixed(0),
+                &mut IdGenerator::default(),
+            )
+        };
+        let spans = build(3);
+        let with_retract: Vec<(&str, u64)> = spans
+            .iter()
+            .flat_map(|s| {
+                s.events
+                    .iter()
+                    .filter(|e| e.name == "retract")
+                    .map(move |e| (s.name.as_str(), e.time_unix_nano))
+            })
+            .collect();
+        assert_eq!(with_retract.len(), 2, "{with_retract:?}");
+        assert!(
+            with_retract.contains(&("decode_loop", 125 * MS)),
+            "{with_retract:?}"
+        );
+        let on_thread = with_retract.iter().find(|(_, at)| *at == 105 * MS);
+        assert!(
+            on_thread.is_some_and(|(name, _)| name.starts_with("Scheduler")),
+            "{with_retract:?}"
+        );
+        // Level 0: no native spans, no events.
+        assert!(build(0).iter().all(|s| s.events.is_empty()));
     }
 }
