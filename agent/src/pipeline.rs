@@ -115,8 +115,9 @@ impl Pipeline {
         let reconstruct = options.engine.as_ref().is_none_or(|e| *e == Engine::Vllm);
         let sglang = (options.engine == Some(Engine::Sglang)).then(|| {
             tracing::info!(
-                "SGLang: entry, request, thread and stage spans, and the request metrics; the \
-                 scheduler's snapshot gauges are not on the wire"
+                "SGLang: entry, request, thread and stage spans, retract events, the request \
+                 metrics, and the scheduler's snapshot counters from its log (when it logs at \
+                 info level)"
             );
             SglangTracker::default()
         });

@@ -528,20 +528,33 @@ pub fn compare_scheduler_reports(ours: &Path, log: &str) -> Report {
     r
 }
 
-/// `retract` event times per rid, from one side's spans (`rid` of each trace's request span).
+/// `retract` event times per rid, from one side's spans: each event belongs to the request
+/// span above the span that carries it (an n>1 call's trace holds several).
 fn retract_events(lines: &[Value], ours: bool) -> BTreeMap<String, Vec<u64>> {
-    let trace = |v: &Value| {
-        let key = if ours { "trace_id" } else { "traceId" };
+    fn text(v: &Value, key: &str) -> String {
         v[key].as_str().unwrap_or_default().to_string()
+    }
+    let (id, parent) = if ours {
+        ("span_id", "parent_span_id")
+    } else {
+        ("spanId", "parentSpanId")
     };
-    let mut rid_of = BTreeMap::new();
+    let by_id: BTreeMap<String, &Value> = lines.iter().map(|v| (text(v, id), v)).collect();
+    fn rid_above<'a>(
+        by_id: &BTreeMap<String, &'a Value>,
+        parent: &str,
+        mut span: &'a Value,
+    ) -> Option<String> {
+        for _ in 0..16 {
+            if span["name"].as_str()?.starts_with(" Req ") {
+                return span["attributes"]["rid"].as_str().map(str::to_string);
+            }
+            span = by_id.get(&text(span, parent))?;
+        }
+        None
+    }
     let mut times: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for v in lines {
-        if v["name"].as_str().is_some_and(|n| n.starts_with(" Req "))
-            && let Some(rid) = v["attributes"]["rid"].as_str()
-        {
-            rid_of.insert(trace(v), rid.to_string());
-        }
         for event in v["events"].as_array().into_iter().flatten() {
             if event["name"] != "retract" {
                 continue;
@@ -551,29 +564,28 @@ fn retract_events(lines: &[Value], ours: bool) -> BTreeMap<String, Vec<u64>> {
             } else {
                 event["timeUnixNano"].as_str().and_then(|s| s.parse().ok())
             };
-            times.entry(trace(v)).or_default().extend(at);
+            if let (Some(rid), Some(at)) = (rid_above(&by_id, parent, v), at) {
+                times.entry(rid).or_default().push(at);
+            }
         }
     }
     times
-        .into_iter()
-        .filter_map(|(trace, at)| Some((rid_of.get(&trace)?.clone(), at)))
-        .collect()
 }
 
 /// infertrace's `retract` events against SGLang's own: none where SGLang has none, never more
 /// per request than SGLang's, each within `RETRACT_S` before SGLang's (SGLang stamps its event
-/// when it puts the request back in its queue, just after it logs the retraction), and at
-/// least half of SGLang's placed.
-pub fn compare_retractions(ours: &Path, theirs: &Path) -> Report {
+/// when it puts the request back in its queue, just after it logs the retraction); and every
+/// one of SGLang's accounted for: placed, or counted as not placed (`unplaced`, from the
+/// agent's summary), some of them placed.
+pub fn compare_retractions(ours: &Path, theirs: &Path, unplaced: usize) -> Report {
     const RETRACT_S: f64 = 5e-3;
     let ours = retract_events(&json_lines(ours), true);
     let theirs = retract_events(&json_lines(theirs), false);
     let mut r = Report::default();
-    let (mut placed, mut total, mut worst) = (0usize, 0usize, 0.0f64);
-    for at in theirs.values() {
-        total += at.len();
-    }
+    let total: usize = theirs.values().map(Vec::len).sum();
+    let (mut placed, mut worst) = (0usize, 0.0f64);
     for (rid, at) in &ours {
+        placed += at.len();
         let Some(truth) = theirs.get(rid) else {
             r.fail(format!("{rid}: {} retract events, SGLang none", at.len()));
             continue;
@@ -598,19 +610,18 @@ pub fn compare_retractions(ours: &Path, theirs: &Path) -> Report {
                     "{rid}: retract at {ns}, SGLang's nearest {nearest:+.6} s away"
                 ));
             }
-            placed += 1;
         }
     }
     let _ = writeln!(
         r.text,
-        "retract events: infertrace {placed}, SGLang {total} over {} requests; largest distance \
-         to SGLang's {:.3} ms",
+        "retract events: infertrace {placed} placed + {unplaced} not placed, SGLang {total} \
+         over {} requests; largest distance to SGLang's {:.3} ms",
         theirs.len(),
         worst * 1e3
     );
-    if total == 0 || placed * 2 < total {
+    if placed == 0 || placed + unplaced != total {
         r.fail(format!(
-            "{placed} of SGLang's {total} retract events placed"
+            "{placed} placed + {unplaced} not placed, SGLang {total} retract events"
         ));
     }
     r

@@ -188,11 +188,18 @@ fn sglang_retractions_match_sglangs_own_retract_events() {
         &client,
         &["--quick", "--long-tokens", "450", "--seed", "0"],
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // The workload's abandoned calls end when SGLang notices the client gone (its 4 s poll).
+    std::thread::sleep(Duration::from_secs(8));
     let stderr = stop(agent);
     std::thread::sleep(Duration::from_secs(5));
     receiver.write_out();
-    let report = sglang_truth::compare_retractions(&ours, &truth);
+    // "N retractions placed (M whose request was not certain left out)"
+    let unplaced = stderr
+        .split(" retractions placed (")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .expect("the summary's retraction counts");
+    let report = sglang_truth::compare_retractions(&ours, &truth, unplaced);
     println!(
         "{}\n{}",
         report.text,

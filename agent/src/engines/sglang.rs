@@ -217,7 +217,7 @@ fn place_retractions(
     t: &mut SglangTimeline,
     count: Option<u64>,
     (scheduler, ns): (u32, u64),
-    log: &RetractionLog,
+    log: &mut RetractionLog,
     stats: &mut SglangStats,
 ) {
     let Some(count) = count.filter(|&c| c > t.retractions_seen) else {
@@ -369,8 +369,8 @@ impl SglangTracker {
                         self.stats.stats_reports += 1;
                         self.reports.push(report);
                     }
-                    Some(SchedulerLog::Retract { .. }) => {
-                        self.retraction_log.logged(log.tgid, log.ns);
+                    Some(SchedulerLog::Retract { requests }) => {
+                        self.retraction_log.logged(log.tgid, log.ns, requests);
                     }
                     None => {}
                 }
@@ -466,7 +466,7 @@ impl SglangTracker {
                             t,
                             item.retractions,
                             (tgid, first_ns),
-                            &self.retraction_log,
+                            &mut self.retraction_log,
                             &mut self.stats,
                         );
                         SglangTimeline::push_bounded(
