@@ -97,6 +97,22 @@ impl Report {
     pub fn fail(&mut self, what: String) {
         self.failures.push(what);
     }
+
+    /// Print the report under `title` with the agent's summary (the last line of its
+    /// `stderr`), then fail the test with everything when an assertion did not hold.
+    pub fn print_and_check(&self, title: &str, stderr: &str) {
+        println!(
+            "{title}{}\n{}",
+            self.text,
+            stderr.lines().last().unwrap_or_default()
+        );
+        assert!(
+            self.failures.is_empty(),
+            "{title}{:#?}\n{}\n{stderr}",
+            self.failures,
+            self.text
+        );
+    }
 }
 
 /// Compare infertrace's JSONL output with the ground truth files of the same run.

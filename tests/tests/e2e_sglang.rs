@@ -101,17 +101,7 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
     let reports = sglang_truth::compare_scheduler_reports(&ours, &attached);
     report.text.push_str(&reports.text);
     report.failures.extend(reports.failures);
-    println!(
-        "{mode}:\n{}\n{}",
-        report.text,
-        stderr.lines().last().unwrap_or_default()
-    );
-    assert!(
-        report.failures.is_empty(),
-        "{mode}: {:#?}\n{}\n{stderr}",
-        report.failures,
-        report.text
-    );
+    report.print_and_check(&format!("{mode}:\n"), &stderr);
     // SGLang's dispatches and its scheduler's sends were timed by the probe on libzmq.
     let probed = vllm_truth::metric_total(
         vllm_truth::last_metrics(&vllm_truth::json_lines(&ours)),
@@ -200,17 +190,7 @@ fn sglang_retractions_match_sglangs_own_retract_events() {
         .and_then(|rest| rest.split(' ').next()?.parse().ok())
         .expect("the summary's retraction counts");
     let report = sglang_truth::compare_retractions(&ours, &truth, unplaced);
-    println!(
-        "{}\n{}",
-        report.text,
-        stderr.lines().last().unwrap_or_default()
-    );
-    assert!(
-        report.failures.is_empty(),
-        "{:#?}\n{}\n{stderr}",
-        report.failures,
-        report.text
-    );
+    report.print_and_check("", &stderr);
     drop(cleanup);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -89,17 +89,7 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
 
     receiver.write_out();
     let report = vllm_truth::compare(&ours, &truth, &client, &before, &after);
-    println!(
-        "{}\n{}",
-        report.text,
-        stderr.lines().last().unwrap_or_default()
-    );
-    assert!(
-        report.failures.is_empty(),
-        "{:#?}\n{}\n{stderr}",
-        report.failures,
-        report.text
-    );
+    report.print_and_check("", &stderr);
     engine_python_stacks_were_sampled(&ours);
     drop(cleanup);
     let _ = std::fs::remove_dir_all(&dir);

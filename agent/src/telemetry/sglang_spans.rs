@@ -657,6 +657,25 @@ mod tests {
         assert_eq!(ended_by_scheduler(&t), None);
     }
 
+    /// A streamed request of three outputs (at 110, 120 and 130 ms), received at 101 ms.
+    fn streamed_three_outputs() -> SglangTimeline {
+        const MS: u64 = 1_000_000;
+        SglangTimeline {
+            rid: "0123456789abcdef".into(),
+            stream: true,
+            completion_tokens: Some(3),
+            frontend_pid: 10,
+            scheduler_pid: Some(11),
+            sent_ns: 100 * MS,
+            scheduler_recv_ns: Some(101 * MS),
+            scheduler_output_ns: vec![110 * MS, 120 * MS, 130 * MS],
+            first_output_ns: Some(111 * MS),
+            last_output_ns: Some(131 * MS),
+            finished_ns: Some(131 * MS),
+            ..SglangTimeline::default()
+        }
+    }
+
     #[test]
     fn a_decode_loop_the_cuda_probes_saw_says_what_its_batch_launched() {
         use crate::engines::{iteration_work::IterationLaunches, join::Outcome};
@@ -669,19 +688,8 @@ mod tests {
             cpu_sync_wait_ns: 4 * MS,
         };
         let t = SglangTimeline {
-            rid: "0123456789abcdef".into(),
-            stream: true,
-            completion_tokens: Some(3),
-            frontend_pid: 10,
-            scheduler_pid: Some(11),
-            sent_ns: 100 * MS,
-            scheduler_recv_ns: Some(101 * MS),
-            scheduler_output_ns: vec![110 * MS, 120 * MS, 130 * MS],
             gpu_per_output: vec![None, Some(launched), None],
-            first_output_ns: Some(111 * MS),
-            last_output_ns: Some(131 * MS),
-            finished_ns: Some(131 * MS),
-            ..SglangTimeline::default()
+            ..streamed_three_outputs()
         };
         let trace = Outcome {
             api: None,
@@ -723,20 +731,9 @@ mod tests {
         use crate::engines::join::Outcome;
         const MS: u64 = 1_000_000;
         let t = SglangTimeline {
-            rid: "0123456789abcdef".into(),
-            stream: true,
-            completion_tokens: Some(3),
-            frontend_pid: 10,
-            scheduler_pid: Some(11),
-            sent_ns: 100 * MS,
-            scheduler_recv_ns: Some(101 * MS),
-            scheduler_output_ns: vec![110 * MS, 120 * MS, 130 * MS],
-            first_output_ns: Some(111 * MS),
-            last_output_ns: Some(131 * MS),
-            finished_ns: Some(131 * MS),
             // In the second decode loop (and its decode_forward), and before any stage.
             retracted_ns: vec![125 * MS, 105 * MS],
-            ..SglangTimeline::default()
+            ..streamed_three_outputs()
         };
         let trace = Outcome {
             api: None,
