@@ -153,6 +153,11 @@ impl CudaName {
 pub enum CudaEvent {
     Step(Box<CudaStep>),
     Name(CudaName),
+    /// Process `tgid` exited at `ns` (after its last steps): its handles mean nothing now.
+    Exited {
+        tgid: u32,
+        ns: u64,
+    },
 }
 
 /// Turns CUDA records into steps and names; counts calls that arrive one by one.
@@ -194,7 +199,8 @@ impl CudaDecoder {
         Some(CudaEvent::Step(Box::new(step)))
     }
 
-    /// Process `tgid` exited at `ns`: its threads' unfinished steps end there.
+    /// Process `tgid` exited at `ns`: its threads' unfinished steps end there, then the
+    /// process's exit.
     pub fn exit(&mut self, tgid: u32, ns: u64) -> Vec<CudaEvent> {
         let tids: Vec<u32> = self
             .open
@@ -209,6 +215,7 @@ impl CudaDecoder {
                 step.end_ns = ns;
                 CudaEvent::Step(Box::new(step))
             })
+            .chain([CudaEvent::Exited { tgid, ns }])
             .collect()
     }
 }
@@ -296,7 +303,8 @@ mod tests {
         assert_eq!(step.launch_span_ns(), Some(30));
         // The other thread's launch is still open, and ends with its process.
         let ended = decoder.exit(7, 500);
-        assert_eq!(ended.len(), 1);
+        assert_eq!(ended.len(), 2);
+        assert_eq!(ended[1], CudaEvent::Exited { tgid: 7, ns: 500 });
         let CudaEvent::Step(rest) = &ended[0] else {
             unreachable!()
         };

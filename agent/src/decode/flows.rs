@@ -145,6 +145,7 @@ impl Decoded {
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
             // A name is needed by the steps after it: sorted first, like a process.
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
+            Decoded::Cuda(CudaEvent::Exited { ns, .. }) => *ns,
             Decoded::PySample(sample) => sample.ns,
             Decoded::Log(log) => log.ns,
             Decoded::Clock(moved) => moved.monotonic_ns,
@@ -167,6 +168,7 @@ impl Decoded {
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
             // A name is needed by the steps after it: sorted first, like a process.
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
+            Decoded::Cuda(CudaEvent::Exited { ns, .. }) => *ns,
             Decoded::PySample(sample) => sample.ns,
             Decoded::Handover(h) => h.ns,
             Decoded::Log(log) => log.ns,

@@ -67,11 +67,15 @@ impl GpuTimeline {
                 self.stats.steps += 1;
                 Some(self.named(step))
             }
+            CudaEvent::Exited { tgid, .. } => {
+                self.forget(*tgid);
+                None
+            }
         }
     }
 
     /// A process exited: its handles mean nothing any more.
-    pub fn forget(&mut self, tgid: u32) {
+    fn forget(&mut self, tgid: u32) {
         self.names.retain(|(pid, _), _| *pid != tgid);
         self.aliases.retain(|(pid, _), _| *pid != tgid);
     }
@@ -188,7 +192,7 @@ mod tests {
                 ("0x40".to_string(), 2)
             ]
         );
-        timeline.forget(1);
+        assert_eq!(timeline.feed(&CudaEvent::Exited { tgid: 1, ns: 9 }), None);
         let out = timeline.feed(&step(1, vec![(0x10, 1)])).expect("a step");
         assert_eq!(out.kernels[0].name, None);
         assert_eq!(timeline.stats.steps, 2);

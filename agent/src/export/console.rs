@@ -102,6 +102,9 @@ impl Console {
             Decoded::Cuda(CudaEvent::Name(name)) => {
                 let _ = write!(line, " cuda {name:?}");
             }
+            Decoded::Cuda(CudaEvent::Exited { tgid, .. }) => {
+                let _ = write!(line, " cuda pid={tgid} exited");
+            }
         }
         Some(line)
     }
