@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 pub use super::uprobe_sites::ProbeSite;
-use super::uprobe_sites::{self};
+use super::uprobe_sites::{self, SitesError};
 
 /// What the driver library's file name starts with (`libcuda.so.1`, `libcuda.so.550.54.15`).
 const DRIVER_PREFIX: &str = "libcuda.so";
@@ -42,16 +42,6 @@ pub const PROBED_FUNCTIONS: &[&str] = &[
 /// Suffixes a driver entry point's variants carry after its base name.
 const VARIANT_SUFFIXES: &[&str] = &["", "_v2", "_v3", "_ptsz", "_ptds", "_v2_ptsz", "_v2_ptds"];
 
-#[derive(Debug, thiserror::Error)]
-pub enum CudaError {
-    #[error("reading {0}: {1}")]
-    Read(PathBuf, std::io::Error),
-    #[error("{0} is not an ELF shared object infertrace can read: {1}")]
-    Elf(PathBuf, object::Error),
-    #[error("{0} exports none of the CUDA driver functions infertrace probes")]
-    NoDriverFunctions(PathBuf),
-}
-
 /// The path (as the process sees it) of the CUDA driver library mapped in a process, from the
 /// text of its `/proc/PID/maps`.
 pub fn driver_in_maps(maps: &str) -> Option<&str> {
@@ -71,13 +61,12 @@ pub fn probe_sites(elf: &[u8]) -> Result<Vec<ProbeSite>, object::Error> {
 }
 
 /// The probe sites of the driver library at `path`.
-pub fn probe_sites_of(path: &Path) -> Result<Vec<ProbeSite>, CudaError> {
-    let bytes = std::fs::read(path).map_err(|e| CudaError::Read(path.to_owned(), e))?;
-    let sites = probe_sites(&bytes).map_err(|e| CudaError::Elf(path.to_owned(), e))?;
-    if sites.is_empty() {
-        return Err(CudaError::NoDriverFunctions(path.to_owned()));
-    }
-    Ok(sites)
+pub fn probe_sites_of(path: &Path) -> Result<Vec<ProbeSite>, SitesError> {
+    uprobe_sites::sites_of(
+        path,
+        probed_function,
+        "any of the CUDA driver functions infertrace probes",
+    )
 }
 
 /// The probed function `name` is a variant of.

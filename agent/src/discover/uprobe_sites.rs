@@ -60,6 +60,31 @@ pub struct ProbeSite {
     pub cost: SiteCost,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum SitesError {
+    #[error("reading {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("{0} is not an ELF shared object infertrace can read: {1}")]
+    Elf(PathBuf, object::Error),
+    #[error("{0} does not export {1}")]
+    Missing(PathBuf, &'static str),
+}
+
+/// The probe sites of the library at `path` ([`sites`] of its bytes); an error when it has
+/// none (`missing` says what it lacks).
+pub fn sites_of(
+    path: &Path,
+    probed: impl Fn(&str) -> Option<&'static str>,
+    missing: &'static str,
+) -> Result<Vec<ProbeSite>, SitesError> {
+    let bytes = std::fs::read(path).map_err(|e| SitesError::Read(path.to_owned(), e))?;
+    let sites = sites(&bytes, probed).map_err(|e| SitesError::Elf(path.to_owned(), e))?;
+    if sites.is_empty() {
+        return Err(SitesError::Missing(path.to_owned(), missing));
+    }
+    Ok(sites)
+}
+
 /// The probe sites of a library's bytes: every exported function defined in it that `probed`
 /// maps to a probed function's name, once per address (versioned aliases share one).
 pub fn sites(

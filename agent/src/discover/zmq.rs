@@ -6,22 +6,12 @@
 //! every message part through `zmq_msg_send` (its Cython backend imports no other send).
 use std::path::{Path, PathBuf};
 
-use super::uprobe_sites::{self, ProbeSite};
+use super::uprobe_sites::{self, ProbeSite, SitesError};
 
 /// What libzmq's file name starts with.
 const LIBZMQ_PREFIX: &str = "libzmq";
 /// The function probed.
 const SEND: &str = "zmq_msg_send";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ZmqError {
-    #[error("reading {0}: {1}")]
-    Read(PathBuf, std::io::Error),
-    #[error("{0} is not an ELF shared object infertrace can read: {1}")]
-    Elf(PathBuf, object::Error),
-    #[error("{0} does not export {SEND}")]
-    NoSend(PathBuf),
-}
 
 /// libzmq as process `pid` maps it, as a path this process can open; None when it has not
 /// loaded it (yet).
@@ -31,17 +21,16 @@ pub fn libzmq_of(pid: u32) -> Option<PathBuf> {
 
 /// The probe site of `zmq_msg_send` in libzmq's bytes.
 pub fn send_sites(elf: &[u8]) -> Result<Vec<ProbeSite>, object::Error> {
-    uprobe_sites::sites(elf, |name| (name == SEND).then_some(SEND))
+    uprobe_sites::sites(elf, is_send)
+}
+
+fn is_send(name: &str) -> Option<&'static str> {
+    (name == SEND).then_some(SEND)
 }
 
 /// The probe site of `zmq_msg_send` in the library at `path`.
-pub fn send_sites_of(path: &Path) -> Result<Vec<ProbeSite>, ZmqError> {
-    let bytes = std::fs::read(path).map_err(|e| ZmqError::Read(path.to_owned(), e))?;
-    let sites = send_sites(&bytes).map_err(|e| ZmqError::Elf(path.to_owned(), e))?;
-    if sites.is_empty() {
-        return Err(ZmqError::NoSend(path.to_owned()));
-    }
-    Ok(sites)
+pub fn send_sites_of(path: &Path) -> Result<Vec<ProbeSite>, SitesError> {
+    uprobe_sites::sites_of(path, is_send, SEND)
 }
 
 #[cfg(test)]
@@ -53,7 +42,7 @@ mod tests {
         assert!(send_sites(b"not an elf").is_err());
         assert!(matches!(
             send_sites_of(Path::new("/nonexistent/libzmq.so.5")),
-            Err(ZmqError::Read(..))
+            Err(SitesError::Read(..))
         ));
     }
 }

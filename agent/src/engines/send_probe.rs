@@ -13,6 +13,7 @@
 //! falls back to the I/O thread's mailbox write, or the write itself).
 use std::collections::{HashMap, VecDeque};
 
+use super::handoff::elected;
 use crate::decode::flows::Handover;
 
 /// Votes an (fd, socket) pair needs before the socket is taken for the fd's writer.
@@ -169,15 +170,8 @@ impl SendProbe {
     }
 
     fn vote(&mut self, fd: u32, socket: u64) {
-        let count = self.votes.entry((fd, socket)).or_default();
-        *count += 1;
-        let count = *count;
-        let leader = self
-            .socket_of_fd
-            .get(&fd)
-            .and_then(|s| self.votes.get(&(fd, *s)))
-            .copied();
-        if count >= VOTES_NEEDED && leader.is_none_or(|l| count > l) {
+        let winner = self.socket_of_fd.get(&fd).map(|&s| (fd, s));
+        if elected(&mut self.votes, winner, (fd, socket), VOTES_NEEDED) {
             self.socket_of_fd.insert(fd, socket);
         }
     }
