@@ -493,7 +493,8 @@ fn results(pipeline: &Pipeline) -> String {
              health checks left out, {} outputs of requests sent before attach, {} requests \
              unfinished at the end, {} dropped (too many in flight), {} scheduler log lines \
              read ({} statistics reports), {} retractions placed ({} whose request was not \
-             certain left out)",
+             certain left out), {} scheduler loop iterations followed, decode steps and batches \
+             placed for {} requests ({} left out: not shown whole by the loop)",
             g.requests,
             g.outputs,
             g.undecodable,
@@ -504,7 +505,10 @@ fn results(pipeline: &Pipeline) -> String {
             g.log_lines,
             g.stats_reports,
             g.retractions_placed,
-            g.retractions_unplaced
+            g.retractions_unplaced,
+            g.loop_iterations,
+            g.loop_requests_placed,
+            g.loop_requests_not_placed
         ),
         None => {
             let t = pipeline.tracker_stats();

@@ -32,6 +32,8 @@ pub mod kind {
     pub const PY_SAMPLE: u32 = 11;
     /// An application thread handed a whole message to libzmq ([`ZmqSendRecord`]).
     pub const ZMQ_SEND: u32 = 12;
+    /// A tracked process polled a captured eventfd (a libzmq mailbox) ([`MailboxPollRecord`]).
+    pub const MAILBOX_POLL: u32 = 13;
 }
 
 /// The probed CUDA driver entry points (every `_v2`/`_ptsz` variant maps to its base), as
@@ -468,6 +470,32 @@ pub struct ZmqSendRecord {
     pub size: u32,
     pub _pad: u32,
 }
+
+/// MAILBOX_POLL: a `poll` of at most [`MAILBOX_POLL_MAX_FDS`] fds whose first is a captured
+/// eventfd of a tracked process: libzmq checks a socket's mailbox this way each time a
+/// non-blocking receive finds no message, so an SGLang scheduler's loop polls its sockets'
+/// mailboxes once per iteration (and both at once, with a timeout, when it sleeps idle).
+/// `header.ts_ns` is the syscall's exit time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MailboxPollRecord {
+    pub header: RecordHeader,
+    /// Syscall entry time (CLOCK_MONOTONIC).
+    pub enter_ns: u64,
+    /// Syscall return value: ready fds, or a negative errno.
+    pub ret: i64,
+    /// The first polled fd.
+    pub fd: u32,
+    /// How many fds were polled.
+    pub nfds: u32,
+    /// The timeout argument, in milliseconds (-1: none).
+    pub timeout_ms: i32,
+    pub _pad: u32,
+}
+
+/// Polls of more fds than this are no mailbox check (libzmq polls one; SGLang's idle sleep
+/// two).
+pub const MAILBOX_POLL_MAX_FDS: u64 = 2;
 
 /// `ZMQ_SNDMORE` (zmq.h): more parts of the message follow.
 pub const ZMQ_SNDMORE: u32 = 2;

@@ -145,7 +145,7 @@ fn on_enter(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) 
 /// The fd's action, after taking userspace's decision for a PENDING fd if one is waiting.
 /// A decision about an earlier incarnation of the fd number (made after it was closed and
 /// the number reused) is dropped, not applied to this one.
-fn apply_decision(state: &mut FdState, key: &FdKey) -> u8 {
+pub(crate) fn apply_decision(state: &mut FdState, key: &FdKey) -> u8 {
     if state.action == fd_action::PENDING {
         // SAFETY: the value is copied out immediately.
         if let Some(&decision) = unsafe { FD_DECISION.get(key) } {
@@ -159,7 +159,7 @@ fn apply_decision(state: &mut FdState, key: &FdKey) -> u8 {
 }
 
 /// Mark the fd PENDING (so it is reported once) and tell userspace about it.
-fn report_new_fd(tgid: u32, fd: u32, key: FdKey) {
+pub(crate) fn report_new_fd(tgid: u32, fd: u32, key: FdKey) {
     // The clock's low bits tell incarnations of one fd number apart (never 0: the value of
     // records without one).
     // SAFETY: helper without preconditions.

@@ -14,6 +14,7 @@
 
 mod cuda;
 mod io;
+mod mailbox;
 mod poll;
 mod proc;
 mod python;

@@ -626,3 +626,234 @@ pub fn compare_retractions(ours: &Path, theirs: &Path, unplaced: usize) -> Repor
     }
     r
 }
+
+/// Stage spans of a request and the stages nested in them (`decode_loop` under
+/// `decode_forward`, `chunked_prefill` under `prefill_forward`).
+fn stages_within<'a>(all: &'a [SpanView<'a>], request: &SpanView) -> Vec<&'a SpanView<'a>> {
+    let top = stages(all, request);
+    let nested: Vec<&SpanView> = all
+        .iter()
+        .filter(|s| top.iter().any(|t| t.id == s.parent))
+        .collect();
+    top.into_iter().chain(nested).collect()
+}
+
+/// One `schedule` event, from either side.
+struct Schedule<'a> {
+    ns: u64,
+    bid: &'a str,
+    forward_mode: &'a str,
+    batch_size: Option<i64>,
+}
+
+fn our_schedules<'a>(stages: &[&'a SpanView<'a>], all: &'a [Value]) -> Vec<Schedule<'a>> {
+    let ids: Vec<&str> = stages.iter().map(|s| s.id).collect();
+    let mut out: Vec<Schedule> = all
+        .iter()
+        .filter(|v| v["type"] == "span" && ids.contains(&v["span_id"].as_str().unwrap_or("")))
+        .flat_map(|v| v["events"].as_array().into_iter().flatten())
+        .filter(|e| e["name"] == "schedule")
+        .map(|e| Schedule {
+            ns: e["time_unix_nano"].as_u64().unwrap_or(0),
+            bid: e["attributes"]["bid"].as_str().unwrap_or_default(),
+            forward_mode: e["attributes"]["forward_mode"].as_str().unwrap_or_default(),
+            batch_size: e["attributes"]["batch_size"].as_i64(),
+        })
+        .collect();
+    out.sort_by_key(|s| s.ns);
+    out
+}
+
+fn their_schedules<'a>(stages: &[&'a SpanView<'a>], all: &'a [Value]) -> Vec<Schedule<'a>> {
+    let ids: Vec<&str> = stages.iter().map(|s| s.id).collect();
+    let attribute = |e: &'a Value, key: &str| -> Option<&'a Value> {
+        e["attributes"]
+            .as_array()?
+            .iter()
+            .find(|a| a["key"] == key)
+            .map(|a| &a["value"])
+    };
+    let mut out: Vec<Schedule> = all
+        .iter()
+        .filter(|v| ids.contains(&v["spanId"].as_str().unwrap_or("")))
+        .flat_map(|v| v["events"].as_array().into_iter().flatten())
+        .filter(|e| e["name"] == "schedule")
+        .map(|e| Schedule {
+            ns: e["timeUnixNano"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            bid: attribute(e, "bid")
+                .and_then(|v| v["stringValue"].as_str())
+                .unwrap_or_default(),
+            forward_mode: attribute(e, "forward_mode")
+                .and_then(|v| v["stringValue"].as_str())
+                .unwrap_or_default(),
+            batch_size: attribute(e, "batch_size")
+                .and_then(|v| v["intValue"].as_str())
+                .and_then(|s| s.parse().ok()),
+        })
+        .collect();
+    out.sort_by_key(|s| s.ns);
+    out
+}
+
+/// Edges of the scheduler's loop (decode steps, the first decode batch's scheduling, each
+/// batch's scheduling) must agree to this at p50 and p99 (seconds): infertrace's instants are
+/// the syscalls around SGLang's stamps (docs/accuracy.md).
+pub const LOOP_EDGE_P50_S: f64 = 1e-3;
+pub const LOOP_EDGE_P99_S: f64 = 5e-3;
+
+/// The stages SGLang produced for each request, against infertrace's from a live capture (one
+/// that followed the scheduler's loop: replays of recordings made before the mailbox polls were
+/// captured lack it): every stage SGLang produced is there (its `api_server_dispatch` inside
+/// infertrace's `tokenize`), as many `decode_loop`s with their edges close, the same
+/// `decode_waiting`s, and the same `schedule` events: one per batch the request was in, in the
+/// same order and forward mode, batch sizes equal where infertrace gives one, and infertrace's
+/// batch ids grouping the requests exactly as SGLang's.
+pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
+    let ours_json = json_lines(ours);
+    let theirs_json = json_lines(theirs);
+    let ours: Vec<SpanView> = ours_json.iter().filter_map(ours_view).collect();
+    let theirs: Vec<SpanView> = theirs_json.iter().map(their_view).collect();
+    let mut r = Report::default();
+    let mut diffs: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut bids: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    let mut their_bids: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    let (mut requests, mut loops, mut events, mut sizes) = (0, 0, 0, 0);
+    let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
+    for theirs_req in theirs.iter().filter(|s| is_request(s)) {
+        let id = rid(theirs_req);
+        let Some(ours_req) = ours.iter().find(|s| is_request(s) && rid(s) == id) else {
+            continue;
+        };
+        let (ours_stages, their_stages) = (
+            stages_within(&ours, ours_req),
+            stages_within(&theirs, theirs_req),
+        );
+        if !their_stages.iter().any(|s| s.name == "prefill_forward") {
+            // n>1: SGLang files the warm-up's stages under the parent request.
+            continue;
+        }
+        requests += 1;
+        let named = |all: &[&SpanView], name: &str| -> Vec<(u64, u64)> {
+            let mut v: Vec<(u64, u64)> = all
+                .iter()
+                .filter(|s| s.name == name)
+                .map(|s| (s.start, s.end))
+                .collect();
+            v.sort();
+            v
+        };
+        let their_names: std::collections::BTreeSet<&str> =
+            their_stages.iter().map(|s| s.name).collect();
+        for name in their_names {
+            if name != "api_server_dispatch" && !ours_stages.iter().any(|s| s.name == name) {
+                r.fail(format!("{id}: infertrace has no {name}"));
+            }
+        }
+        let (ours_loops, their_loops) = (
+            named(&ours_stages, "decode_loop"),
+            named(&their_stages, "decode_loop"),
+        );
+        if ours_loops.len() != their_loops.len() {
+            r.fail(format!(
+                "{id}: {} decode_loop spans, SGLang {}",
+                ours_loops.len(),
+                their_loops.len()
+            ));
+        } else {
+            loops += ours_loops.len();
+            for (a, b) in ours_loops.iter().zip(&their_loops) {
+                diffs.entry("decode_loop start").or_default().push(d(a.0, b.0));
+                diffs.entry("decode_loop end").or_default().push(d(a.1, b.1));
+            }
+        }
+        if let (Some(a), Some(b)) = (
+            named(&ours_stages, "decode_waiting").first(),
+            named(&their_stages, "decode_waiting").first(),
+        ) {
+            diffs.entry("decode_waiting end").or_default().push(d(a.1, b.1));
+        }
+        let (ours_events, their_events) = (
+            our_schedules(&ours_stages, &ours_json),
+            their_schedules(&their_stages, &theirs_json),
+        );
+        fn modes<'a>(e: &[Schedule<'a>]) -> Vec<&'a str> {
+            e.iter().map(|s| s.forward_mode).collect()
+        }
+        if modes(&ours_events) != modes(&their_events) {
+            let count = |e: &[Schedule], mode: &str| e.iter().filter(|s| s.forward_mode == mode).count();
+            let first_difference = modes(&ours_events)
+                .iter()
+                .zip(modes(&their_events))
+                .position(|(a, b)| *a != b);
+            r.fail(format!(
+                "{id}: schedule events {} prefill + {} decode, SGLang {} + {} (first different: {first_difference:?})",
+                count(&ours_events, "prefill"),
+                count(&ours_events, "decode"),
+                count(&their_events, "prefill"),
+                count(&their_events, "decode"),
+            ));
+            continue;
+        }
+        for (a, b) in ours_events.iter().zip(&their_events) {
+            events += 1;
+            diffs
+                .entry(if a.forward_mode == "prefill" {
+                    "schedule (prefill batch)"
+                } else {
+                    "schedule (decode batch)"
+                })
+                .or_default()
+                .push(d(a.ns, b.ns));
+            if let Some(size) = a.batch_size {
+                sizes += 1;
+                if Some(size) != b.batch_size {
+                    r.fail(format!(
+                        "{id}: a {} batch of {size}, SGLang's of {:?}",
+                        a.forward_mode, b.batch_size
+                    ));
+                }
+            }
+            bids.entry(a.bid).or_default().insert(b.bid);
+            their_bids.entry(b.bid).or_default().insert(a.bid);
+        }
+    }
+    let split = bids.values().chain(their_bids.values()).filter(|s| s.len() > 1).count();
+    if split > 0 {
+        r.fail(format!(
+            "{split} batch ids do not group the requests as SGLang's do"
+        ));
+    }
+    let _ = writeln!(
+        r.text,
+        "loop stages compared for {requests} requests: {loops} decode_loop spans, {events} \
+         schedule events ({sizes} with a batch size), {} batches",
+        bids.len()
+    );
+    for (key, values) in &diffs {
+        let abs: Vec<f64> = values.iter().map(|v| v.abs()).collect();
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        let (p50, p99) = (percentile(&abs, 50.0), percentile(&abs, 99.0));
+        let _ = writeln!(
+            r.text,
+            "{key} ({} values): |infertrace - SGLang| p50 {:.4} ms, p99 {:.4} ms, max {:.4} ms \
+             (mean signed {:+.4} ms)",
+            values.len(),
+            p50 * 1e3,
+            p99 * 1e3,
+            percentile(&abs, 100.0) * 1e3,
+            mean * 1e3
+        );
+        if p50 > LOOP_EDGE_P50_S || p99 > LOOP_EDGE_P99_S {
+            r.fail(format!(
+                "{key}: p50 {p50:.6} s / p99 {p99:.6} s beyond {LOOP_EDGE_P50_S} / {LOOP_EDGE_P99_S} s"
+            ));
+        }
+    }
+    if requests == 0 || events == 0 {
+        r.fail("no request's loop stages compared".to_string());
+    }
+    r
+}

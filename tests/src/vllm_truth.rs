@@ -98,6 +98,12 @@ impl Report {
         self.failures.push(what);
     }
 
+    /// Append another report's text and failures.
+    pub fn add(&mut self, other: Report) {
+        self.text.push_str(&other.text);
+        self.failures.extend(other.failures);
+    }
+
     /// Print the report under `title` with the agent's summary (the last line of its
     /// `stderr`), then fail the test with everything when an assertion did not hold.
     pub fn print_and_check(&self, title: &str, stderr: &str) {

@@ -93,14 +93,11 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)]) {
     std::thread::sleep(Duration::from_secs(5));
     receiver.write_out();
     let mut report = sglang_truth::compare(&ours, &truth);
-    let counters = sglang_truth::compare_metrics(&ours, &before, &after);
-    report.text.push_str(&counters.text);
-    report.failures.extend(counters.failures);
+    report.add(sglang_truth::compare_loop_stages(&ours, &truth));
+    report.add(sglang_truth::compare_metrics(&ours, &before, &after));
     let log = std::fs::read(&log_file).expect("SGLang's log");
     let attached = String::from_utf8_lossy(&log[log_start..log_end.min(log.len())]);
-    let reports = sglang_truth::compare_scheduler_reports(&ours, &attached);
-    report.text.push_str(&reports.text);
-    report.failures.extend(reports.failures);
+    report.add(sglang_truth::compare_scheduler_reports(&ours, &attached));
     report.print_and_check(&format!("{mode}:\n"), &stderr);
     // SGLang's dispatches and its scheduler's sends were timed by the probe on libzmq.
     let probed = vllm_truth::metric_total(

@@ -281,13 +281,11 @@ fn sglang_request_and_stage_spans_agree_with_sglangs_own() {
         };
         let mut report =
             sglang_truth::compare(&out, &fixture(&format!("sglang-0.5.23-{mode}.otlp.jsonl")));
-        let counters = sglang_truth::compare_metrics(
+        report.add(sglang_truth::compare_metrics(
             &out,
             &read("metrics-before.txt"),
             &read("metrics-after.txt"),
-        );
-        report.text.push_str(&counters.text);
-        report.failures.extend(counters.failures);
+        ));
         let _ = std::fs::remove_file(&out);
         println!("{mode}:\n{}", report.text);
         assert!(

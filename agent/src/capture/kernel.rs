@@ -71,6 +71,8 @@ pub const TRACEPOINTS: &[(&str, &str)] = &[
     ("syscalls", "sys_exit_epoll_pwait"),
     ("syscalls", "sys_enter_epoll_pwait2"),
     ("syscalls", "sys_exit_epoll_pwait2"),
+    ("syscalls", "sys_enter_poll"),
+    ("syscalls", "sys_exit_poll"),
 ];
 
 /// Settings of the kernel side.

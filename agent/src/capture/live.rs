@@ -215,7 +215,8 @@ impl LiveCapture {
             | Record::CudaStep(_)
             | Record::CudaCall(_)
             | Record::CudaName(_)
-            | Record::ZmqSend(_) => {}
+            | Record::ZmqSend(_)
+            | Record::MailboxPoll(_) => {}
             Record::PySample(sample) => self.python.sample(sample, &mut self.kernel, out),
         }
     }

@@ -3,8 +3,8 @@
 //! Pure and total: any byte string gives either a record or an error, never a panic, because
 //! recorded files are untrusted input to `infertrace replay`.
 use infertrace_common::{
-    CudaCallRecord, CudaNameRecord, CudaStepRecord, IoRecord, NewFdRecord, PollRecord, ProcRecord,
-    PySampleRecord, RecordHeader, ZmqSendRecord, kind,
+    CudaCallRecord, CudaNameRecord, CudaStepRecord, IoRecord, MailboxPollRecord, NewFdRecord,
+    PollRecord, ProcRecord, PySampleRecord, RecordHeader, ZmqSendRecord, kind,
 };
 use thiserror::Error;
 
@@ -53,6 +53,8 @@ pub enum Record {
     PySample(PySampleRecord),
     /// An application thread handed a message to libzmq.
     ZmqSend(ZmqSendRecord),
+    /// A thread polled a captured eventfd (a libzmq mailbox).
+    MailboxPoll(MailboxPollRecord),
 }
 
 impl Record {
@@ -70,6 +72,7 @@ impl Record {
             Record::CudaName(r) => &r.header,
             Record::PySample(r) => &r.header,
             Record::ZmqSend(r) => &r.header,
+            Record::MailboxPoll(r) => &r.header,
         }
     }
 }
@@ -145,6 +148,7 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
         kind::CUDA_NAME => Ok(Record::CudaName(Box::new(read(bytes)?))),
         kind::PY_SAMPLE => Ok(Record::PySample(read(bytes)?)),
         kind::ZMQ_SEND => Ok(Record::ZmqSend(read(bytes)?)),
+        kind::MAILBOX_POLL => Ok(Record::MailboxPoll(read(bytes)?)),
         other => Err(RecordError::UnknownKind(other)),
     }
 }
@@ -230,6 +234,7 @@ pub fn encode(record: &Record) -> Vec<u8> {
         Record::CudaName(r) => bytes_of(r.as_ref()),
         Record::PySample(r) => bytes_of(r),
         Record::ZmqSend(r) => bytes_of(r),
+        Record::MailboxPoll(r) => bytes_of(r),
     }
 }
 
@@ -365,6 +370,18 @@ mod tests {
                 socket: 0x5555_0000_1000,
                 enter_ns: 7,
                 size: 1234,
+                _pad: 0,
+            }),
+            Record::MailboxPoll(MailboxPollRecord {
+                header: RecordHeader {
+                    kind: kind::MAILBOX_POLL,
+                    ..header
+                },
+                enter_ns: 2,
+                ret: 0,
+                fd: 68,
+                nfds: 1,
+                timeout_ms: 0,
                 _pad: 0,
             }),
         ];

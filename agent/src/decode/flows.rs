@@ -44,6 +44,8 @@ pub enum Decoded {
     Wakeup(Wakeup),
     /// A main thread's epoll wait: where its event loop ended one iteration and began the next.
     LoopWait(LoopWait),
+    /// A poll of a watched eventfd (a libzmq mailbox checked by a non-blocking receive).
+    MailboxPoll(MailboxPoll),
     /// A traced process and its title (command line), for the trackers that name processes.
     Process(ProcessInfo),
     /// A thread's CUDA step, or a kernel's name.
@@ -97,6 +99,23 @@ pub struct LoopWait {
     pub exit_ns: u64,
 }
 
+/// A `poll` whose first fd is a watched eventfd: libzmq checking a socket's mailbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MailboxPoll {
+    pub tgid: u32,
+    pub tid: u32,
+    /// The first fd polled.
+    pub fd: u32,
+    /// How many fds were polled, and the timeout (ms; 0: a check, no wait).
+    pub nfds: u32,
+    pub timeout_ms: i32,
+    pub enter_ns: u64,
+    /// When the poll returned.
+    pub ns: u64,
+    /// Ready fds, or a negative errno.
+    pub ret: i64,
+}
+
 /// A message handed to libzmq: `zmq_msg_send` returned for its last part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Handover {
@@ -119,6 +138,7 @@ impl Decoded {
             self,
             Decoded::Process(_)
                 | Decoded::LoopWait(_)
+                | Decoded::MailboxPoll(_)
                 | Decoded::Cuda(_)
                 | Decoded::PySample(_)
                 | Decoded::Handover(_)
@@ -138,6 +158,7 @@ impl Decoded {
             Decoded::Zmtp { message, .. } => message.first_ns,
             Decoded::Wakeup(w) => w.ns,
             Decoded::LoopWait(w) => w.exit_ns,
+            Decoded::MailboxPoll(p) => p.ns,
             // Its call began before any write of its message: sorted ahead of them.
             Decoded::Handover(h) => h.enter_ns,
             // Known before any message: sorted first.
@@ -164,6 +185,7 @@ impl Decoded {
             Decoded::Zmtp { message, .. } => message.last_ns,
             Decoded::Wakeup(w) => w.ns,
             Decoded::LoopWait(w) => w.exit_ns,
+            Decoded::MailboxPoll(p) => p.ns,
             Decoded::Process(_) => 0,
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
             // A name is needed by the steps after it: sorted first, like a process.
@@ -521,6 +543,24 @@ impl FlowTable {
                 ns: r.header.ts_ns,
                 size: r.size,
             })),
+            CaptureEvent::Kernel(Record::MailboxPoll(r)) => {
+                let watched = self
+                    .flows
+                    .get(&(r.header.tgid, r.fd))
+                    .is_some_and(|flow| matches!(flow.kind, FdKind::Eventfd { watched: true }));
+                if watched {
+                    out.push(Decoded::MailboxPoll(MailboxPoll {
+                        tgid: r.header.tgid,
+                        tid: r.header.tid,
+                        fd: r.fd,
+                        nfds: r.nfds,
+                        timeout_ms: r.timeout_ms,
+                        enter_ns: r.enter_ns,
+                        ns: r.header.ts_ns,
+                        ret: r.ret,
+                    }));
+                }
+            }
             CaptureEvent::Kernel(Record::Poll {
                 header, enter_ns, ..
             }) => out.push(Decoded::LoopWait(LoopWait {

@@ -1,4 +1,5 @@
-//! The SGLang scheduler's own log lines: its periodic statistics report and its retractions.
+//! The SGLang scheduler's own log lines: its periodic statistics report, its prefill batches
+//! and its retractions.
 //!
 //! The scheduler computes its gauges (running and queued requests, KV tokens in use, token
 //! usage, generation throughput, speculative accept length) in the scheduler process and sends
@@ -16,6 +17,13 @@
 //! [2026-12-03 10:00:00 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_tokens_gained: 64, #new_token_ratio: 0.5000 -> 0.6000
 //! ```
 //!
+//! Each prefill batch's result is logged too (`report_prefill_stats`), which marks that batch
+//! in the scheduler's loop (`engines::scheduler_loop`):
+//!
+//! ```text
+//! [2026-12-03 10:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 10, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, ...
+//! ```
+//!
 //! These are the values SGLang itself reported, read from the bytes the scheduler wrote to its
 //! stderr (the syscall, whatever the file: a terminal, a pipe, a log file, `/dev/null`): a
 //! field that a line does not carry stays absent, nothing is computed in its place.
@@ -27,6 +35,8 @@ pub enum SchedulerLog {
     DecodeStats(DecodeStats),
     /// Requests rolled back into the waiting queue because the KV cache was full.
     Retract { requests: u32 },
+    /// A prefill batch's result was processed; `new_seqs`: the requests it prefilled.
+    PrefillBatch { new_seqs: u64 },
 }
 
 /// The fields of a `Decode batch` report, as SGLang printed them.
@@ -71,6 +81,13 @@ pub fn parse(line: &str) -> Option<SchedulerLog> {
         // An optional ` [iteration]` (SGLANG_LOG_FORWARD_ITERS), then the fields.
         let (_, body) = rest.split_once(", ")?;
         return decode_stats(body).map(SchedulerLog::DecodeStats);
+    }
+    if let Some(rest) = message.strip_prefix("Prefill batch") {
+        let (_, body) = rest.split_once(", ")?;
+        let new_seqs = fields(body).find(|(name, _)| *name == "#new-seq")?.1;
+        return Some(SchedulerLog::PrefillBatch {
+            new_seqs: new_seqs.parse().ok()?,
+        });
     }
     // Retractions for a full KV cache, and those SGLANG_TEST_RETRACT makes (real ones too).
     let body = message
@@ -185,6 +202,22 @@ mod tests {
     }
 
     #[test]
+    fn a_prefill_batch_line_gives_its_new_requests() {
+        let line = "[2026-12-03 10:00:00 TP0] Prefill batch, #new-seq: 3, #new-token: 10, \
+                    #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, \
+                    #pending-token: 0, cpu graph: False, input throughput (token/s): 0.00";
+        assert_eq!(
+            parse(line),
+            Some(SchedulerLog::PrefillBatch { new_seqs: 3 })
+        );
+        let numbered = "[t] Prefill batch [17], #new-seq: 1, #new-token: 4";
+        assert_eq!(
+            parse(numbered),
+            Some(SchedulerLog::PrefillBatch { new_seqs: 1 })
+        );
+    }
+
+    #[test]
     fn retractions_are_counted_and_other_lines_ignored() {
         let line = "[2026-12-03 10:00:00 TP0] KV cache pool is full. Retract requests. \
                     #retracted_reqs: 2, #new_tokens_gained: 64, #new_token_ratio: 0.5000 -> 0.6000";
@@ -195,7 +228,8 @@ mod tests {
             Some(SchedulerLog::Retract { requests: 1 })
         );
         for other in [
-            "[2026-12-03 10:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 10, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0",
+            "[x] Prefill batch, #new-seq: some, #new-token: 10",
+            "[x] Prefill batch #new-seq: 1",
             "INFO:     127.0.0.1:5000 - \"POST /generate HTTP/1.1\" 200 OK",
             "Decode batch",
             "[x] Decode batch, #running-req: many, #queue-req: 0, gen throughput (token/s): 1",

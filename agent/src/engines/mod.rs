@@ -7,6 +7,7 @@ pub mod in_flight;
 pub mod iteration_work;
 pub mod join;
 pub mod retractions;
+pub mod scheduler_loop;
 pub mod send_probe;
 pub mod sglang;
 pub mod vllm;

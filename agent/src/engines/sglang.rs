@@ -24,6 +24,7 @@ use super::{
     iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
     retractions::RetractionLog,
+    scheduler_loop::{LoopView, RequestSteps, SchedulerLoops, StatsLine},
 };
 use crate::decode::{
     flows::Decoded,
@@ -79,12 +80,7 @@ pub fn scheduler_ranks(cmdline: &[String]) -> Option<Ranks> {
 /// default, 1, when the flag is absent; None for other processes (the scheduler and the
 /// detokenizer retitle themselves `sglang::...`).
 pub fn server_stream_interval(cmdline: &[String]) -> Option<u64> {
-    let launches = cmdline.iter().enumerate().any(|(i, arg)| {
-        arg == "sglang.launch_server"
-            || ((arg == "sglang" || arg.ends_with("/sglang"))
-                && cmdline.get(i + 1).is_some_and(|a| a == "serve"))
-    });
-    if !launches {
+    if !launches_server(cmdline) {
         return None;
     }
     let value = cmdline
@@ -98,6 +94,21 @@ pub fn server_stream_interval(cmdline: &[String]) -> Option<u64> {
         Some(v) => v.parse().ok(),
         None => Some(1),
     }
+}
+
+/// `python -m sglang.launch_server ...` or `sglang serve ...`: SGLang's main process.
+fn launches_server(cmdline: &[String]) -> bool {
+    cmdline.iter().enumerate().any(|(i, arg)| {
+        arg == "sglang.launch_server"
+            || ((arg == "sglang" || arg.ends_with("/sglang"))
+                && cmdline.get(i + 1).is_some_and(|a| a == "serve"))
+    })
+}
+
+/// Whether the server's schedulers run the overlap loop (SGLang's default; off with
+/// `--disable-overlap-schedule`), from its main process's command line; None for others.
+pub fn server_overlaps(cmdline: &[String]) -> Option<bool> {
+    launches_server(cmdline).then(|| !cmdline.iter().any(|a| a == "--disable-overlap-schedule"))
 }
 
 /// One SGLang engine request (one rid), as the main process and the scheduler saw it.
@@ -150,6 +161,11 @@ pub struct SglangTimeline {
     pub finish: Option<SglangFinish>,
     /// The scheduler's instants, with `--enable-metrics`.
     pub times: Option<SchedulerTimes>,
+    /// What the scheduler's loop showed of it (`scheduler_loop`): its decode steps, its wait
+    /// for the first decode batch, the batches it was in.
+    pub loop_view: Option<LoopView>,
+    /// Its server's schedulers run the overlap loop.
+    pub overlap: bool,
     /// Main sent an `AbortReq` for it (the client went away).
     pub aborted_by_frontend: bool,
     /// The scheduler dropped it from its queue (an `AbortReq` back to main, no output): SGLang
@@ -296,6 +312,11 @@ pub struct SglangStats {
     /// whose instant was not certain (left out).
     pub retractions_placed: u64,
     pub retractions_unplaced: u64,
+    /// Scheduler loop iterations followed (`scheduler_loop`), and the requests with scheduler
+    /// time stats whose decode steps and batches the loop showed, or could not (left out).
+    pub loop_iterations: u64,
+    pub loop_requests_placed: u64,
+    pub loop_requests_not_placed: u64,
 }
 
 pub struct SglangTracker {
@@ -304,6 +325,9 @@ pub struct SglangTracker {
     ranks: HashMap<u32, Ranks>,
     /// Main processes' `--stream-interval`, from their command lines.
     stream_intervals: HashMap<u32, u64>,
+    /// Main processes whose schedulers do not run the overlap loop.
+    no_overlap: HashMap<u32, bool>,
+    loops: SchedulerLoops,
     in_flight: InFlight<SglangTimeline>,
     joiner: Joiner<SglangTimeline>,
     handoffs: Handoffs,
@@ -324,6 +348,8 @@ impl Default for SglangTracker {
             decoder: SglangDecoder::default(),
             ranks: HashMap::new(),
             stream_intervals: HashMap::new(),
+            no_overlap: HashMap::new(),
+            loops: SchedulerLoops::default(),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
             joiner: Joiner::default(),
             handoffs: Handoffs::default(),
@@ -340,6 +366,7 @@ impl SglangTracker {
     pub fn handoff_stats(&self) -> HandoffStats {
         self.handoffs.stats
     }
+
 
     /// The schedulers' statistics reports read since the last call.
     pub fn take_reports(&mut self) -> Vec<DecodeStats> {
@@ -361,13 +388,26 @@ impl SglangTracker {
             // is its instant, with no loop iteration to wait for.
             // GPU steps and Python samples go to the pipeline's own stages.
             Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_) => {}
+            // The schedulers' loops; main's polls are its asyncio loop's business.
+            Decoded::MailboxPoll(poll) if self.ranks.contains_key(&poll.tgid) => {
+                self.stats.loop_iterations += u64::from(self.loops.poll(poll));
+            }
+            Decoded::MailboxPoll(_) => {}
             // Only schedulers' logs are read.
             Decoded::Log(log) => {
                 self.stats.log_lines += 1;
                 match sglang_log::parse(&log.line) {
                     Some(SchedulerLog::DecodeStats(report)) => {
                         self.stats.stats_reports += 1;
+                        let requests = report.running_reqs;
+                        self.loops
+                            .logged(log.tgid, log.ns, StatsLine::Decode { requests });
                         self.reports.push(report);
+                    }
+                    Some(SchedulerLog::PrefillBatch { new_seqs }) => {
+                        let requests = new_seqs;
+                        self.loops
+                            .logged(log.tgid, log.ns, StatsLine::Prefill { requests });
                     }
                     Some(SchedulerLog::Retract { requests }) => {
                         self.retraction_log.logged(log.tgid, log.ns, requests);
@@ -381,6 +421,9 @@ impl SglangTracker {
                 }
                 if let Some(interval) = server_stream_interval(&info.cmdline) {
                     self.stream_intervals.insert(info.pid, interval);
+                }
+                if server_overlaps(&info.cmdline) == Some(false) {
+                    self.no_overlap.insert(info.pid, true);
                 }
             }
             Decoded::Zmtp {
@@ -434,6 +477,7 @@ impl SglangTracker {
                 }
                 self.stats.requests += 1;
                 let mut timeline = SglangTimeline::new(&r, tgid, first_ns);
+                timeline.overlap = !self.no_overlap.contains_key(&tgid);
                 timeline.stream_interval = r
                     .sampling
                     .stream_interval
@@ -460,6 +504,7 @@ impl SglangTracker {
                 }
             }
             (SglangMessage::Outputs(o), true) if o.stage == OutputStage::TokenIds => {
+                self.loops.output_sent(tgid, first_ns);
                 for item in &o.items {
                     if let Some(t) = self.in_flight.get_mut(&item.rid) {
                         place_retractions(
@@ -537,9 +582,38 @@ impl SglangTracker {
         outcomes.into_iter().map(|o| self.trace(o)).collect()
     }
 
+    /// The scheduler loop's view of a request it decoded: one with the scheduler's own time
+    /// stats (its forward entry and prefill end) that was never retracted.
+    fn loop_view(&mut self, t: &SglangTimeline) -> Option<LoopView> {
+        let times = t.times?;
+        let mono = |s: f64| (s * 1e9).round() as u64;
+        let steps = RequestSteps {
+            scheduler: t.scheduler_pid?,
+            forward_entry_ns: mono(times.forward_entry?),
+            prefill_end_ns: mono(times.prefill_finished?),
+            final_output_ns: *t.scheduler_output_ns.last()?,
+            completion_tokens: t.completion_tokens?,
+            finishes_by_length: t.finish.as_ref().is_some_and(|f| f.kind == "length"),
+            overlap: t.overlap,
+        };
+        let handoffs = &self.handoffs;
+        let view = (t.retractions_seen == 0 && t.steps_dropped == 0)
+            .then(|| self.loops.view(&steps, &|ns| handoffs.taken_at(ns)))
+            .flatten();
+        if view.is_some() {
+            self.stats.loop_requests_placed += 1;
+        } else {
+            self.stats.loop_requests_not_placed += 1;
+        }
+        view
+    }
+
     /// Capture instants moved to the application's: when main's event loop or the scheduler
     /// took a message over, when main or the scheduler handed one to its I/O thread.
-    fn trace(&self, mut outcome: SglangTrace) -> SglangTrace {
+    fn trace(&mut self, mut outcome: SglangTrace) -> SglangTrace {
+        for t in &mut outcome.engine {
+            t.loop_view = self.loop_view(t);
+        }
         let at = |ns: u64| self.handoffs.taken_at(ns);
         for t in &mut outcome.engine {
             t.sent_ns = at(t.sent_ns);

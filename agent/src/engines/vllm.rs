@@ -389,8 +389,9 @@ impl VllmTracker {
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
             Decoded::LoopWait(wait) => self.handoffs.loop_waited(wait),
             // GPU steps and Python samples go to the pipeline's own stages; vLLM's sends are
-            // timed at their write.
+            // timed at their write; its loops are followed by their epoll waits.
             Decoded::Process(_)
+            | Decoded::MailboxPoll(_)
             | Decoded::Cuda(_)
             | Decoded::PySample(_)
             | Decoded::Handover(_)

@@ -33,11 +33,14 @@ impl Console {
         Self { realtime_offset_ns }
     }
 
-    /// The line for one decoded item; none for a loop's epoll wait (thousands a second, and
-    /// only an input to the timing of others) nor a Python stack sample (`infertrace profile`
-    /// and `--profile-output` show those).
+    /// The line for one decoded item; none for a loop's epoll wait or a mailbox poll
+    /// (thousands a second, and only an input to the timing of others) nor a Python stack
+    /// sample (`infertrace profile` and `--profile-output` show those).
     pub fn line(&self, decoded: &Decoded) -> Option<String> {
-        if matches!(decoded, Decoded::LoopWait(_) | Decoded::PySample(_)) {
+        if matches!(
+            decoded,
+            Decoded::LoopWait(_) | Decoded::MailboxPoll(_) | Decoded::PySample(_)
+        ) {
             return None;
         }
         let mut line = String::with_capacity(160);
@@ -85,7 +88,7 @@ impl Console {
                     moved.realtime_minus_monotonic_ns
                 );
             }
-            Decoded::LoopWait(_) | Decoded::PySample(_) => {}
+            Decoded::LoopWait(_) | Decoded::MailboxPoll(_) | Decoded::PySample(_) => {}
             Decoded::Cuda(CudaEvent::Step(step)) => {
                 let _ = write!(
                     line,

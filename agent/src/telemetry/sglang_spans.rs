@@ -8,8 +8,9 @@
 //!    │  └─ tokenize                            (+ api_server_dispatch, see below)
 //!    └─ "Scheduler [TP 0]  [PP 0] (host:… | pid:…)"   scheduler process
 //!       ├─ request_process, prefill_waiting, prefill_forward   (scheduler time stats)
+//!       ├─ decode_waiting                       (first decode batch after the prefill)
 //!       └─ decode_forward
-//!          └─ decode_loop × steps               (streamed requests)
+//!          └─ decode_loop × steps
 //! ```
 //!
 //! Which instant each edge is (docs/accuracy.md has the measured differences):
@@ -22,14 +23,19 @@
 //!   its own, sent with `--enable-metrics`; without them those three stages are left out.
 //! - scheduler start: its receipt of the request; scheduler end (`decode_forward` end): its
 //!   send of the request's final output, just after SGLang stamps completion.
-//! - decode_loop: one per decode step, ending at the scheduler's send of that step's output;
-//!   only streamed requests get an output per step, so only they get decode_loop spans.
+//! - decode_loop: one per decode step, ending at the scheduler's send of that step's output
+//!   (streamed requests), else where the scheduler's loop processed that step's result
+//!   (`engines::scheduler_loop`: its mailbox polls and statistics lines).
+//! - decode_waiting: from the prefill's end to the loop's scheduling of the request's first
+//!   decode batch, when that came later (the loop shows it).
 //! - first token and finish: main's event loop taking the output over (`handoff`); for a
 //!   non-streamed request with scheduler time stats, the scheduler's prefill end, as SGLang.
 //!
 //! Request-span latencies are float seconds (the spec's unit for SGLang). The scheduler's
 //! ranks come from its process title. Each stage links to the one before it, as SGLang's do;
-//! span events: `retract` (placed as engines/retractions.rs says); `schedule` is not produced.
+//! span events: `retract` (placed as engines/retractions.rs says) and `schedule` (each batch the
+//! loop shows the request in: infertrace's own batch id, the forward mode, and the batch size
+//! where the scheduler's statistics line for that batch printed it).
 use std::sync::LazyLock;
 
 use super::{
@@ -367,13 +373,27 @@ fn request_spans(
     scheduler_stages(&mut b, t, clock, (scheduler, recv), completion);
     if b.max_level >= RETRACT_LEVEL {
         for &at in &t.retracted_ns {
-            b.event_in_covering_stage(thread_index, "retract", clock.unix_ns(at));
+            b.event_in_covering_stage(thread_index, "retract", clock.unix_ns(at), Vec::new());
+        }
+    }
+    if b.max_level >= SCHEDULE_LEVEL {
+        for batch in t.loop_view.iter().flat_map(|v| &v.scheduled) {
+            let mut attributes: Attributes = vec![("bid", batch.bid.clone().into())];
+            push_opt(
+                &mut attributes,
+                "batch_size",
+                batch.batch_size.and_then(|n| i64::try_from(n).ok()),
+            );
+            attributes.push(("forward_mode", batch.forward_mode.into()));
+            let at = clock.unix_ns(batch.ns);
+            b.event_in_covering_stage(thread_index, "schedule", at, attributes);
         }
     }
 }
 
-/// The spec's level of the `retract` event.
+/// The spec's levels of the `retract` and `schedule` events.
 const RETRACT_LEVEL: u8 = 1;
+const SCHEDULE_LEVEL: u8 = 3;
 
 /// The scheduler's stage spans of a request, under its thread span `scheduler` (which starts
 /// at `recv`; `completion`: the request's last output).
@@ -408,28 +428,41 @@ fn scheduler_stages(
             b.stage(name, start, end, scheduler, Vec::new());
         }
     }
-    // Decode: from the prefill's end (or the first output of a streamed request) to the
-    // final output, with one loop per further output of a streamed request.
+    // Decode: from the prefill's end (or the first output of a streamed request), or from its
+    // first decode batch when that came later (decode_waiting), to the final output; one
+    // loop per further output of a streamed request, else per step the scheduler's loop shows.
     let steps: Vec<u64> = t
         .scheduler_output_ns
         .iter()
         .map(|n| clock.unix_ns(*n))
         .collect();
-    let decode_start = times
+    let prefill_end = times
         .prefill_finished
         .map(mono)
         .or_else(|| t.stream.then(|| steps.first().copied()).flatten());
-    let (Some(start), Some(end)) = (decode_start, completion) else {
+    let (Some(prefill_end), Some(end)) = (prefill_end, completion) else {
         return;
     };
     if t.completion_tokens.unwrap_or(0) < 2 {
         return;
     }
+    let view = t.loop_view.as_ref();
+    let start = match view.and_then(|v| v.decode_waiting_end) {
+        Some(waited) => {
+            let waited = clock.unix_ns(waited);
+            b.stage("decode_waiting", prefill_end, waited, scheduler, Vec::new());
+            waited
+        }
+        None => prefill_end,
+    };
     let Some(decode) = b.stage("decode_forward", start, end, scheduler, Vec::new()) else {
         return;
     };
+    let first_loop_start = view
+        .and_then(|v| v.first_loop_start)
+        .map_or(start, |ns| clock.unix_ns(ns));
     if t.stream {
-        let mut from = start;
+        let mut from = first_loop_start;
         for (ct, &to) in steps.iter().skip(1).enumerate() {
             let mut attributes: Attributes = vec![("decode_ct", (ct as i64).into())];
             if let Some(Some(launched)) = t.gpu_per_output.get(ct + 1) {
@@ -438,6 +471,14 @@ fn scheduler_stages(
             if let Some(Some(samples)) = t.python_per_output.get(ct + 1) {
                 python_samples::iteration_attributes(&mut attributes, samples);
             }
+            b.stage("decode_loop", from, to, decode, attributes);
+            from = to;
+        }
+    } else if let Some(view) = view {
+        let mut from = first_loop_start;
+        for (ct, &to) in view.decode_ends.iter().enumerate() {
+            let to = clock.unix_ns(to);
+            let attributes: Attributes = vec![("decode_ct", (ct as i64).into())];
             b.stage("decode_loop", from, to, decode, attributes);
             from = to;
         }
@@ -493,7 +534,13 @@ impl Children<'_> {
 
     /// An event at `at` on the innermost stage span that covers it among those pushed after
     /// the thread span at `thread_index`, else on that thread span (the spec's rule).
-    fn event_in_covering_stage(&mut self, thread_index: usize, name: &'static str, at: u64) {
+    fn event_in_covering_stage(
+        &mut self,
+        thread_index: usize,
+        name: &'static str,
+        at: u64,
+        attributes: Attributes,
+    ) {
         let Some(stages) = self.out.get(thread_index + 1..) else {
             return;
         };
@@ -507,7 +554,7 @@ impl Children<'_> {
             span.events.push(SpanEvent {
                 name,
                 time_unix_nano: at,
-                attributes: Vec::new(),
+                attributes,
             });
         }
     }

@@ -1,0 +1,515 @@
+//! An SGLang scheduler's loop, iteration by iteration, as its mailbox polls show it, and what
+//! that tells of one request: the decode steps no output marks (a request not streamed), the
+//! wait between its prefill and its first decode batch, and the batches it was scheduled into.
+//!
+//! The loop (scheduler.py `event_loop_overlap` / `event_loop_normal`, 0.5.x), per iteration:
+//! 1. receive: a non-blocking receive on the input socket, then on the RPC socket, until each
+//!    finds nothing. libzmq checks a socket's mailbox with `poll(fd, 1, 0)` whenever a receive
+//!    finds no message, so every iteration leaves a poll of the input socket's mailbox and then
+//!    one of the RPC socket's (nothing else arrives there). That second poll is the iteration's
+//!    marker: the loop schedules its next batch right after it (SGLang's `schedule` event).
+//! 2. run the batch;
+//! 3. process one batch's result — the previous iteration's batch in the overlap loop (the
+//!    default), this iteration's with `--disable-overlap-schedule`: each request's step ends
+//!    (SGLang's `decode_loop` end, prefill end), then the outputs are sent, then a
+//!    `Prefill batch` line is logged for a prefill batch, a `Decode batch` report every
+//!    `--decode-log-interval` decode batches.
+//!
+//! So an iteration's result was processed just before its output send, its statistics line,
+//! or the next iteration's first poll, whichever came first (its "end"). A request decodes one
+//! token per decode batch it is in, and while it runs every batch holds it but the prefill
+//! batches of newer requests, whose results the `Prefill batch` lines mark. Its decode steps
+//! are therefore the iterations between its prefill's end (the scheduler's own time stats) and
+//! its final output that processed no prefill; when their number is not its completion tokens
+//! less one (a statistics line the capture missed, logging above `info`, a retraction), none is
+//! placed and the request is counted as such.
+use std::collections::{HashMap, VecDeque};
+
+use super::handoff::elected;
+use crate::decode::flows::MailboxPoll;
+
+/// Iterations kept per scheduler, the oldest going first (minutes at hundreds a second): a
+/// request older than that has its steps counted as not placed.
+const MAX_ITERATIONS: usize = 65_536;
+/// Output sends and statistics lines kept per scheduler.
+const MAX_MARKS: usize = 65_536;
+/// Consecutive polls of the pair of mailboxes needed before it is taken for the loop's
+/// receive phase.
+const VOTES_NEEDED: u32 = 8;
+/// Two polls further apart than this are not one receive phase.
+const RECEIVE_GAP_NS: u64 = 1_000_000;
+
+/// One loop iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Iteration {
+    /// Its first poll (the receive phase's start): the previous iteration's work ended before.
+    start_ns: u64,
+    /// The RPC mailbox's poll that ended its receive phase: the batch is scheduled after it.
+    marker_ns: u64,
+}
+
+/// What a scheduler wrote in one of its statistics lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsLine {
+    /// `Prefill batch, #new-seq: N`: a prefill batch's result, and how many requests it had.
+    Prefill { requests: u64 },
+    /// `Decode batch, #running-req: N`: a decode batch's result, and its size.
+    Decode { requests: u64 },
+}
+
+/// One scheduler's polls and marks.
+#[derive(Debug, Default)]
+struct SchedulerLoop {
+    /// Votes for (input mailbox, RPC mailbox): a poll of one found nothing and the next poll
+    /// of the main thread, soon after, was of the other.
+    votes: HashMap<(u32, u32), u32>,
+    pair: Option<(u32, u32)>,
+    /// The main thread's previous poll: fd, return value, return time.
+    previous: Option<(u32, i64, u64)>,
+    /// The first input-mailbox poll since the latest marker.
+    receiving_since: Option<u64>,
+    iterations: VecDeque<Iteration>,
+    /// Capture times of the scheduler's output sends (first byte), in order.
+    outputs: VecDeque<u64>,
+    lines: VecDeque<(u64, StatsLine)>,
+}
+
+/// Add `value` in its place by `key` (records of one process mostly arrive in order, but a
+/// record of another kind can come a drain late), the oldest going first beyond `max`.
+fn insert_bounded<T>(list: &mut VecDeque<T>, value: T, max: usize, key: impl Fn(&T) -> u64) {
+    if list.len() >= max {
+        list.pop_front();
+    }
+    let at = list.partition_point(|v| key(v) <= key(&value));
+    list.insert(at, value);
+}
+
+impl SchedulerLoop {
+    /// One poll of the main thread; true when it marked an iteration.
+    fn poll(&mut self, poll: &MailboxPoll) -> bool {
+        if poll.nfds != 1 || poll.timeout_ms != 0 {
+            // Not a receive's check: the idle sleep (both mailboxes, with a timeout).
+            self.previous = None;
+            return false;
+        }
+        if let Some((fd, ret, ns)) = self.previous
+            && ret == 0
+            && fd != poll.fd
+            && poll.enter_ns.saturating_sub(ns) < RECEIVE_GAP_NS
+            && elected(&mut self.votes, self.pair, (fd, poll.fd), VOTES_NEEDED)
+        {
+            self.pair = Some((fd, poll.fd));
+        }
+        self.previous = Some((poll.fd, poll.ret, poll.ns));
+        let Some((input, rpc)) = self.pair else {
+            return false;
+        };
+        if poll.fd == input {
+            self.receiving_since.get_or_insert(poll.enter_ns);
+        } else if poll.fd == rpc {
+            let iteration = Iteration {
+                start_ns: self.receiving_since.take().unwrap_or(poll.enter_ns),
+                marker_ns: poll.ns,
+            };
+            insert_bounded(&mut self.iterations, iteration, MAX_ITERATIONS, |i| i.marker_ns);
+            return true;
+        }
+        false
+    }
+
+    /// The index of the iteration whose span (from its marker to the next one's) holds `ns`.
+    fn iteration_of(&self, ns: u64) -> Option<usize> {
+        let after = self.iterations.partition_point(|i| i.marker_ns <= ns);
+        after.checked_sub(1)
+    }
+
+    /// The bounds of iteration `j`'s work after its marker: up to the next iteration's first
+    /// poll, or open while that has not come.
+    fn bounds(&self, j: usize) -> Option<(u64, Option<u64>)> {
+        let from = self.iterations.get(j)?.marker_ns;
+        Some((from, self.iterations.get(j + 1).map(|i| i.start_ns)))
+    }
+
+    /// When iteration `j` processed its result (see the module notes), with `handed_over`
+    /// turning an output's capture time into the scheduler's hand-over instant (never later);
+    /// None while the next iteration has not begun and nothing marked it.
+    fn end_of(&self, j: usize, handed_over: &dyn Fn(u64) -> u64) -> Option<u64> {
+        let (from, next) = self.bounds(j)?;
+        let within = |ns: u64| ns > from && next.is_none_or(|n| ns < n);
+        let first = self.outputs.partition_point(|&ns| ns <= from);
+        let first_output = self
+            .outputs
+            .range(first..)
+            .map(|&ns| handed_over(ns))
+            .take_while(|&ns| next.is_none_or(|n| ns < n))
+            .find(|&ns| within(ns));
+        [first_output, self.line_at(from, next).map(|(ns, _)| ns), next]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The first statistics line written in (`from`, `next`).
+    fn line_at(&self, from: u64, next: Option<u64>) -> Option<(u64, StatsLine)> {
+        let first = self.lines.partition_point(|(ns, _)| *ns <= from);
+        self.lines
+            .get(first)
+            .filter(|(ns, _)| next.is_none_or(|n| *ns < n))
+            .copied()
+    }
+
+    /// The statistics line iteration `j` wrote, if any.
+    fn line_of(&self, j: usize) -> Option<StatsLine> {
+        let (from, next) = self.bounds(j)?;
+        self.line_at(from, next).map(|(_, line)| line)
+    }
+}
+
+/// A batch a request was scheduled into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    /// Capture time (CLOCK_MONOTONIC ns): the prefill batch's forward entry (SGLang's own
+    /// stamp), a decode batch's loop marker.
+    pub ns: u64,
+    /// infertrace's identifier of the batch: the same for every request in it.
+    pub bid: String,
+    pub forward_mode: &'static str,
+    /// The batch's size, where the scheduler's statistics line for that batch printed it.
+    pub batch_size: Option<u64>,
+}
+
+/// What the loop shows of one request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoopView {
+    /// Capture times each decode step's result was processed (SGLang's `decode_loop` ends),
+    /// the last being the final output.
+    pub decode_ends: Vec<u64>,
+    /// Where its first decode step began, as SGLang reckons it (see `request_view`).
+    pub first_loop_start: Option<u64>,
+    /// When its first decode batch was scheduled, if that was after its prefill ended (SGLang's
+    /// `decode_waiting` end, where its `decode_forward` begins).
+    pub decode_waiting_end: Option<u64>,
+    pub scheduled: Vec<Scheduled>,
+}
+
+/// One request as the loop needs it: capture times (CLOCK_MONOTONIC ns).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestSteps {
+    pub scheduler: u32,
+    pub forward_entry_ns: u64,
+    pub prefill_end_ns: u64,
+    /// The scheduler's hand-over of the request's final output.
+    pub final_output_ns: u64,
+    pub completion_tokens: u64,
+    /// It ended at its token limit (the loop knew the step before).
+    pub finishes_by_length: bool,
+    /// The scheduler runs the overlap loop (its default).
+    pub overlap: bool,
+}
+
+/// Every scheduler's loop.
+#[derive(Debug, Default)]
+pub struct SchedulerLoops {
+    loops: HashMap<u32, SchedulerLoop>,
+}
+
+/// infertrace's batch identifier: 8 hex digits of the scheduler and the iteration's marker.
+fn batch_id(scheduler: u32, marker_ns: u64) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in scheduler.to_le_bytes().into_iter().chain(marker_ns.to_le_bytes()) {
+        h = (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{:08x}", (h ^ (h >> 32)) as u32)
+}
+
+impl SchedulerLoops {
+    /// A poll by scheduler `poll.tgid` (only its main thread runs the loop); true when it
+    /// marked an iteration.
+    pub fn poll(&mut self, poll: &MailboxPoll) -> bool {
+        poll.tid == poll.tgid && self.loops.entry(poll.tgid).or_default().poll(poll)
+    }
+
+    /// Scheduler `scheduler` sent an output (its first byte captured at `ns`).
+    pub fn output_sent(&mut self, scheduler: u32, ns: u64) {
+        let outputs = &mut self.loops.entry(scheduler).or_default().outputs;
+        insert_bounded(outputs, ns, MAX_MARKS, |&ns| ns);
+    }
+
+    /// Scheduler `scheduler` wrote a statistics line at `ns`.
+    pub fn logged(&mut self, scheduler: u32, ns: u64, line: StatsLine) {
+        let lines = &mut self.loops.entry(scheduler).or_default().lines;
+        insert_bounded(lines, (ns, line), MAX_MARKS, |(ns, _)| *ns);
+    }
+
+    /// What the loop of `r.scheduler` shows of one finished request; None when its steps
+    /// cannot all be placed.
+    pub fn view(&self, r: &RequestSteps, handed_over: &dyn Fn(u64) -> u64) -> Option<LoopView> {
+        let l = self.loops.get(&r.scheduler)?;
+        request_view(l, r, handed_over)
+    }
+}
+
+fn request_view(
+    l: &SchedulerLoop,
+    r: &RequestSteps,
+    handed_over: &dyn Fn(u64) -> u64,
+) -> Option<LoopView> {
+    let prefill_iteration = l.iteration_of(r.prefill_end_ns)?;
+    let final_iteration = l.iteration_of(r.final_output_ns)?;
+    // The iteration that scheduled the batch whose result iteration `j` processed.
+    let batch_of = |j: usize| if r.overlap { j.checked_sub(1) } else { Some(j) };
+    let decode: Vec<usize> = (prefill_iteration + 1..=final_iteration)
+        .filter(|&j| !matches!(l.line_of(j), Some(StatsLine::Prefill { .. })))
+        .collect();
+    if decode.len() as u64 + 1 != r.completion_tokens.max(1) {
+        tracing::debug!(
+            "scheduler {}: {} decode iterations for {} tokens",
+            r.scheduler,
+            decode.len(),
+            r.completion_tokens
+        );
+        return None;
+    }
+    let decode_ends = decode
+        .iter()
+        .map(|&j| l.end_of(j, handed_over))
+        .collect::<Option<Vec<u64>>>()?;
+    let marker = |j: usize| l.iterations.get(j).map(|i| i.marker_ns);
+    let size_in = |j: usize, prefill: bool| match (l.line_of(j), prefill) {
+        (Some(StatsLine::Prefill { requests }), true)
+        | (Some(StatsLine::Decode { requests }), false) => Some(requests),
+        _ => None,
+    };
+    // The decode batches that held the request: (scheduling iteration, result iteration).
+    let mut batches: Vec<(usize, Option<usize>)> = decode
+        .iter()
+        .filter_map(|&j| Some((batch_of(j)?, Some(j))))
+        .collect();
+    // The overlap loop schedules the next batch before it learns the request finished, and
+    // that batch still holds it unless the loop knew its next token was its last
+    // (`_reqs_finishing_inflight`: a length limit) or it was a prefill batch (the next
+    // iteration's line says, once that iteration is over).
+    if r.overlap && !r.finishes_by_length && l.end_of(final_iteration + 1, handed_over).is_some()
+    {
+        let next = final_iteration + 1;
+        if !matches!(l.line_of(next), Some(StatsLine::Prefill { .. })) {
+            batches.push((final_iteration, Some(next)));
+        }
+    }
+    let first_batch = batches.first().and_then(|&(b, _)| marker(b));
+    let decode_waiting_end = first_batch.filter(|&ns| ns > r.prefill_end_ns);
+    // SGLang starts the first decode step at the latest of the prefill's end and the latest
+    // decode batch holding the request scheduled before that step ended (req_time_stats.py
+    // `set_last_decode_finish_time`), or where its decode wait ended.
+    let first_loop_start = match (decode_waiting_end, decode_ends.first()) {
+        (Some(waited), _) => Some(waited),
+        (None, Some(&first_end)) => batches
+            .iter()
+            .filter_map(|&(b, _)| marker(b))
+            .filter(|&ns| ns < first_end)
+            .max()
+            .map(|ns| ns.max(r.prefill_end_ns)),
+        (None, None) => None,
+    };
+
+    let mut scheduled = Vec::with_capacity(batches.len() + 1);
+    if let Some(j) = l.iteration_of(r.forward_entry_ns) {
+        scheduled.push(Scheduled {
+            ns: r.forward_entry_ns,
+            bid: batch_id(r.scheduler, marker(j)?),
+            forward_mode: "prefill",
+            batch_size: size_in(prefill_iteration, true),
+        });
+    }
+    for (batch, result) in batches {
+        let ns = marker(batch)?;
+        scheduled.push(Scheduled {
+            ns,
+            bid: batch_id(r.scheduler, ns),
+            forward_mode: "decode",
+            batch_size: result.and_then(|j| size_in(j, false)),
+        });
+    }
+    Some(LoopView {
+        decode_ends,
+        first_loop_start,
+        decode_waiting_end,
+        scheduled,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCHEDULER: u32 = 50;
+    const INPUT: u32 = 68;
+    const RPC: u32 = 69;
+    const MS: u64 = 1_000_000;
+    const US: u64 = 1_000;
+
+    fn poll(fd: u32, ns: u64) -> MailboxPoll {
+        MailboxPoll {
+            tgid: SCHEDULER,
+            tid: SCHEDULER,
+            fd,
+            nfds: 1,
+            timeout_ms: 0,
+            enter_ns: ns - US,
+            ns,
+            ret: 0,
+        }
+    }
+
+    /// Iterations every 4 ms: the input mailbox polled at +0, the RPC one at +50 µs.
+    fn loops_with(iterations: u64) -> SchedulerLoops {
+        let mut loops = SchedulerLoops::default();
+        for k in 0..iterations {
+            let t = 100 * MS + k * 4 * MS;
+            loops.poll(&poll(INPUT, t));
+            loops.poll(&poll(RPC, t + 50 * US));
+        }
+        loops
+    }
+
+    /// The iteration `k`'s marker.
+    fn marker(k: u64) -> u64 {
+        100 * MS + k * 4 * MS + 50 * US
+    }
+
+    fn same(ns: u64) -> u64 {
+        ns
+    }
+
+    #[test]
+    fn the_pair_of_mailboxes_is_learnt_and_each_iteration_marked() {
+        let loops = loops_with(20);
+        let l = &loops.loops[&SCHEDULER];
+        assert_eq!(l.pair, Some((INPUT, RPC)));
+        // Iterations are counted once the pair is known (its 8th vote, the 8th iteration).
+        assert_eq!(l.iterations.len(), 13);
+        assert_eq!(l.iterations[0].marker_ns, marker(7));
+        assert_eq!(l.iterations[0].start_ns, marker(7) - US);
+        assert_eq!(l.iterations[1].start_ns, 100 * MS + 8 * 4 * MS - US);
+    }
+
+    #[test]
+    fn a_request_not_streamed_gets_one_step_per_iteration_after_its_prefill() {
+        let mut loops = loops_with(30);
+        // Prefilled in iteration 10 (scheduled at its marker + 0.2 ms), its result processed
+        // in iteration 11 (overlap), 5 tokens: 4 decode steps in iterations 12..=15, the last
+        // one's output sent at 3 ms into iteration 15.
+        let final_output = marker(15) + 3 * MS;
+        loops.output_sent(SCHEDULER, final_output);
+        let r = RequestSteps {
+            scheduler: SCHEDULER,
+            forward_entry_ns: marker(10) + 200 * US,
+            prefill_end_ns: marker(11) + 3 * MS,
+            final_output_ns: final_output,
+            completion_tokens: 5,
+            finishes_by_length: false,
+            overlap: true,
+        };
+        let view = loops.view(&r, &same).expect("placed");
+        // Ends: the next iteration's first poll, the last one its output.
+        let next_start = |k: u64| 100 * MS + k * 4 * MS - US;
+        assert_eq!(
+            view.decode_ends,
+            vec![next_start(13), next_start(14), next_start(15), final_output]
+        );
+        // Its first decode batch was scheduled in iteration 11, before its prefill ended; as
+        // SGLang reckons it, its first step began with the next batch holding it (iteration 12).
+        assert_eq!(view.decode_waiting_end, None);
+        assert_eq!(view.first_loop_start, Some(marker(12)));
+        let modes: Vec<(&str, u64)> = view
+            .scheduled
+            .iter()
+            .map(|s| (s.forward_mode, s.ns))
+            .collect();
+        assert_eq!(
+            modes,
+            vec![
+                ("prefill", r.forward_entry_ns),
+                ("decode", marker(11)),
+                ("decode", marker(12)),
+                ("decode", marker(13)),
+                ("decode", marker(14)),
+                // The batch scheduled before the loop learnt it had finished.
+                ("decode", marker(15)),
+            ]
+        );
+        // A request that ends at its token limit is left out of that batch.
+        let by_length = RequestSteps {
+            finishes_by_length: true,
+            ..r
+        };
+        let view = loops.view(&by_length, &same).expect("placed");
+        assert_eq!(view.scheduled.last().map(|s| s.ns), Some(marker(14)));
+    }
+
+    #[test]
+    fn a_newer_prefill_in_between_delays_the_first_decode_batch() {
+        let mut loops = loops_with(30);
+        // Iteration 12 processed another request's prefill (its line), so this request's
+        // first decode batch was iteration 12's, scheduled after its prefill ended in 11.
+        loops.logged(
+            SCHEDULER,
+            marker(12) + 3 * MS,
+            StatsLine::Prefill { requests: 2 },
+        );
+        loops.logged(
+            SCHEDULER,
+            marker(11) + 3 * MS + 10 * US,
+            StatsLine::Prefill { requests: 1 },
+        );
+        loops.logged(
+            SCHEDULER,
+            marker(14) + 3 * MS,
+            StatsLine::Decode { requests: 3 },
+        );
+        let final_output = marker(14) + 2 * MS;
+        loops.output_sent(SCHEDULER, final_output);
+        let r = RequestSteps {
+            scheduler: SCHEDULER,
+            forward_entry_ns: marker(10) + 200 * US,
+            prefill_end_ns: marker(11) + 3 * MS,
+            final_output_ns: final_output,
+            completion_tokens: 3,
+            finishes_by_length: false,
+            overlap: true,
+        };
+        let view = loops.view(&r, &same).expect("placed");
+        assert_eq!(view.decode_waiting_end, Some(marker(12)));
+        assert_eq!(view.decode_ends.len(), 2);
+        assert_eq!(view.scheduled[0].batch_size, Some(1));
+        // The decode batch of iteration 13, whose result iteration 14 reported.
+        let sizes: Vec<Option<u64>> = view.scheduled.iter().map(|s| s.batch_size).collect();
+        assert_eq!(sizes, vec![Some(1), None, Some(3), None]);
+        // A request with one token more than the loop shows steps for is not placed.
+        let longer = RequestSteps {
+            completion_tokens: 4,
+            ..r
+        };
+        assert_eq!(loops.view(&longer, &same), None);
+    }
+
+    #[test]
+    fn the_idle_sleep_and_other_threads_mark_nothing() {
+        let mut loops = loops_with(20);
+        let mut sleep = poll(INPUT, 200 * MS);
+        sleep.nfds = 2;
+        sleep.timeout_ms = 1000;
+        loops.poll(&sleep);
+        let mut other_thread = poll(RPC, 201 * MS);
+        other_thread.tid = SCHEDULER + 1;
+        loops.poll(&other_thread);
+        assert_eq!(loops.loops[&SCHEDULER].iterations.len(), 13);
+    }
+
+    #[test]
+    fn batch_ids_are_eight_hex_digits_shared_by_one_batch() {
+        assert_eq!(batch_id(1, 2), batch_id(1, 2));
+        assert_ne!(batch_id(1, 2), batch_id(1, 3));
+        assert_eq!(batch_id(7, 123_456).len(), 8);
+    }
+}

@@ -1,0 +1,114 @@
+//! Polls of libzmq mailboxes: a non-blocking receive that finds no message makes libzmq
+//! check the socket's mailbox eventfd with `poll(fd, 1, 0)`, so an application thread that
+//! drains its sockets once per loop iteration (SGLang's scheduler) leaves one such poll per
+//! socket and iteration, whether or not anything arrived. Only polls whose first fd is one
+//! the agent captures (a watched eventfd) are reported; an fd not classified yet is reported
+//! as new first, like an unknown fd in a read or a write.
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{map, tracepoint},
+    maps::HashMap,
+    programs::TracePointContext,
+};
+use infertrace_common::{FdKey, MAILBOX_POLL_MAX_FDS, MailboxPollRecord, counter, fd_action, kind};
+
+use crate::{
+    io::{apply_decision, report_new_fd},
+    shared::{FD_CLASS, count, header, submit, tracked_tgid},
+};
+
+/// Offsets of the syscall arguments in a sys_enter_poll record, and of `ret` in sys_exit_poll.
+const ARG0: usize = 16;
+const ARG1: usize = 24;
+const ARG2: usize = 32;
+const RET: usize = 16;
+
+/// A mailbox poll in flight on one thread.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Polling {
+    enter_ns: u64,
+    fd: u32,
+    nfds: u32,
+    timeout_ms: i32,
+}
+
+#[map]
+static POLLING: HashMap<u64, Polling> = HashMap::with_max_entries(16384, 0);
+
+#[tracepoint]
+pub fn sys_enter_poll(ctx: TracePointContext) -> u32 {
+    let Some((tgid, _)) = tracked_tgid() else {
+        return 0;
+    };
+    // SAFETY: offsets from the sys_enter_poll format file (all arguments are 8 bytes wide).
+    let (fds, nfds, timeout) = unsafe {
+        (
+            ctx.read_at::<u64>(ARG0).unwrap_or(0),
+            ctx.read_at::<u64>(ARG1).unwrap_or(0),
+            ctx.read_at::<i64>(ARG2).unwrap_or(0),
+        )
+    };
+    if fds == 0 || nfds == 0 || nfds > MAILBOX_POLL_MAX_FDS {
+        return 0;
+    }
+    // `struct pollfd` begins with its `int fd`.
+    // SAFETY: a user pointer read with the checking helper.
+    let Ok(fd) = (unsafe { bpf_probe_read_user(fds as *const i32) }) else {
+        return 0;
+    };
+    if fd < 0 {
+        return 0;
+    }
+    let fd = fd as u32;
+    let key = FdKey { tgid, fd };
+    match FD_CLASS.get_ptr_mut(&key) {
+        None => {
+            report_new_fd(tgid, fd, key);
+            return 0;
+        }
+        // SAFETY: pointer into a live map value.
+        Some(state) => {
+            if unsafe { apply_decision(&mut *state, &key) } != fd_action::CAPTURE {
+                return 0;
+            }
+        }
+    }
+    let polling = Polling {
+        // SAFETY: helper without preconditions.
+        enter_ns: unsafe { bpf_ktime_get_ns() },
+        fd,
+        nfds: nfds as u32,
+        timeout_ms: timeout as i32,
+    };
+    if POLLING
+        .insert(&bpf_get_current_pid_tgid(), &polling, 0)
+        .is_err()
+    {
+        count(counter::MAP_FULL, 1);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sys_exit_poll(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(call) = (unsafe { POLLING.get(&id) }).copied() else {
+        return 0;
+    };
+    let _ = POLLING.remove(&id);
+    // SAFETY: offset from the sys_exit_poll format file.
+    let ret: i64 = unsafe { ctx.read_at(RET) }.unwrap_or(0);
+    let record = MailboxPollRecord {
+        header: header(kind::MAILBOX_POLL, (id >> 32) as u32),
+        enter_ns: call.enter_ns,
+        ret,
+        fd: call.fd,
+        nfds: call.nfds,
+        timeout_ms: call.timeout_ms,
+        _pad: 0,
+    };
+    submit(&record);
+    0
+}
