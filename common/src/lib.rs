@@ -490,7 +490,8 @@ pub struct MailboxPollRecord {
     pub nfds: u32,
     /// The timeout argument, in milliseconds (-1: none).
     pub timeout_ms: i32,
-    pub _pad: u32,
+    /// The second polled fd when two were, else -1.
+    pub second_fd: i32,
 }
 
 /// Polls of more fds than this are no mailbox check (libzmq polls one; SGLang's idle sleep

@@ -3,7 +3,8 @@
 //! drains its sockets once per loop iteration (SGLang's scheduler) leaves one such poll per
 //! socket and iteration, whether or not anything arrived. Only polls whose first fd is one
 //! the agent captures (a watched eventfd) are reported; an fd not classified yet is reported
-//! as new first, like an unknown fd in a read or a write.
+//! as new first, like an unknown fd in a read or a write, and its polls until userspace
+//! decides (which drops them if it is not watched).
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, tracepoint},
@@ -31,6 +32,7 @@ struct Polling {
     fd: u32,
     nfds: u32,
     timeout_ms: i32,
+    second_fd: i32,
 }
 
 #[map]
@@ -52,24 +54,29 @@ pub fn sys_enter_poll(ctx: TracePointContext) -> u32 {
     if fds == 0 || nfds == 0 || nfds > MAILBOX_POLL_MAX_FDS {
         return 0;
     }
-    // `struct pollfd` begins with its `int fd`.
+    // `struct pollfd` (8 bytes) begins with its `int fd`.
     // SAFETY: a user pointer read with the checking helper.
     let Ok(fd) = (unsafe { bpf_probe_read_user(fds as *const i32) }) else {
         return 0;
+    };
+    let second_fd = if nfds == 2 {
+        // SAFETY: as above, the second `struct pollfd`.
+        unsafe { bpf_probe_read_user((fds + 8) as *const i32) }.unwrap_or(-1)
+    } else {
+        -1
     };
     if fd < 0 {
         return 0;
     }
     let fd = fd as u32;
     let key = FdKey { tgid, fd };
+    // Reported until userspace has decided, as a read or write would be: the first polls of
+    // a scheduler's mailboxes are those of the first iteration after attach.
     match FD_CLASS.get_ptr_mut(&key) {
-        None => {
-            report_new_fd(tgid, fd, key);
-            return 0;
-        }
+        None => report_new_fd(tgid, fd, key),
         // SAFETY: pointer into a live map value.
         Some(state) => {
-            if unsafe { apply_decision(&mut *state, &key) } != fd_action::CAPTURE {
+            if unsafe { apply_decision(&mut *state, &key) } == fd_action::IGNORE {
                 return 0;
             }
         }
@@ -80,6 +87,7 @@ pub fn sys_enter_poll(ctx: TracePointContext) -> u32 {
         fd,
         nfds: nfds as u32,
         timeout_ms: timeout as i32,
+        second_fd,
     };
     if POLLING
         .insert(&bpf_get_current_pid_tgid(), &polling, 0)
@@ -107,7 +115,7 @@ pub fn sys_exit_poll(ctx: TracePointContext) -> u32 {
         fd: call.fd,
         nfds: call.nfds,
         timeout_ms: call.timeout_ms,
-        _pad: 0,
+        second_fd: call.second_fd,
     };
     submit(&record);
     0

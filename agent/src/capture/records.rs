@@ -380,9 +380,9 @@ mod tests {
                 enter_ns: 2,
                 ret: 0,
                 fd: 68,
-                nfds: 1,
-                timeout_ms: 0,
-                _pad: 0,
+                nfds: 2,
+                timeout_ms: 1000,
+                second_fd: 69,
             }),
         ];
         for record in records {

@@ -106,8 +106,10 @@ pub struct MailboxPoll {
     pub tid: u32,
     /// The first fd polled.
     pub fd: u32,
-    /// How many fds were polled, and the timeout (ms; 0: a check, no wait).
+    /// How many fds were polled, the second one (when two were), and the timeout (ms; 0: a
+    /// check, no wait).
     pub nfds: u32,
+    pub second_fd: Option<u32>,
     pub timeout_ms: i32,
     pub enter_ns: u64,
     /// When the poll returned.
@@ -554,6 +556,7 @@ impl FlowTable {
                         tid: r.header.tid,
                         fd: r.fd,
                         nfds: r.nfds,
+                        second_fd: u32::try_from(r.second_fd).ok(),
                         timeout_ms: r.timeout_ms,
                         enter_ns: r.enter_ns,
                         ns: r.header.ts_ns,

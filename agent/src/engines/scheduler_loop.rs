@@ -38,6 +38,13 @@ const MAX_MARKS: usize = 65_536;
 const VOTES_NEEDED: u32 = 8;
 /// Two polls further apart than this are not one receive phase.
 const RECEIVE_GAP_NS: u64 = 1_000_000;
+/// Receive checks held back while the pair is not known (a few iterations' worth).
+const MAX_HELD_BACK: usize = 256;
+
+/// libzmq's check of one mailbox (no wait), as a non-blocking receive makes it.
+fn is_receive_check(poll: &MailboxPoll) -> bool {
+    poll.nfds == 1 && poll.timeout_ms == 0
+}
 
 /// One loop iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +75,8 @@ struct SchedulerLoop {
     previous: Option<(u32, i64, u64)>,
     /// The first input-mailbox poll since the latest marker.
     receiving_since: Option<u64>,
+    /// Receive checks before the pair was learnt, marked once it is.
+    held_back: VecDeque<MailboxPoll>,
     iterations: VecDeque<Iteration>,
     /// Capture times of the scheduler's output sends (first byte), in order.
     outputs: VecDeque<u64>,
@@ -85,12 +94,45 @@ fn insert_bounded<T>(list: &mut VecDeque<T>, value: T, max: usize, key: impl Fn(
 }
 
 impl SchedulerLoop {
-    /// One poll of the main thread; true when it marked an iteration.
-    fn poll(&mut self, poll: &MailboxPoll) -> bool {
-        if poll.nfds != 1 || poll.timeout_ms != 0 {
-            // Not a receive's check: the idle sleep (both mailboxes, with a timeout).
+    /// One poll of the main thread; how many iterations it marked (more than one when it
+    /// taught the pair: the receive phases held back until then are marked too).
+    fn poll(&mut self, poll: &MailboxPoll) -> u64 {
+        let knew = self.pair.is_some();
+        self.learn(poll);
+        if self.pair.is_none() {
+            if is_receive_check(poll) {
+                if self.held_back.len() >= MAX_HELD_BACK {
+                    self.held_back.pop_front();
+                }
+                self.held_back.push_back(*poll);
+            }
+            return 0;
+        }
+        let mut marked = 0;
+        if !knew {
+            for held in std::mem::take(&mut self.held_back) {
+                marked += u64::from(self.mark(&held));
+            }
+        }
+        marked + u64::from(self.mark(poll))
+    }
+
+    /// Votes for the pair of mailboxes.
+    fn learn(&mut self, poll: &MailboxPoll) {
+        if !is_receive_check(poll) {
+            // The idle sleep (`--sleep-on-idle`) waits on both mailboxes at once, input
+            // first: once the pair was seen in a receive phase too, that is certain, without
+            // waiting for more votes.
+            if let Some(second) = poll.second_fd
+                && poll.nfds == 2
+                && poll.timeout_ms > 0
+                && self.pair.is_none()
+                && self.votes.contains_key(&(poll.fd, second))
+            {
+                self.pair = Some((poll.fd, second));
+            }
             self.previous = None;
-            return false;
+            return;
         }
         if let Some((fd, ret, ns)) = self.previous
             && ret == 0
@@ -101,7 +143,12 @@ impl SchedulerLoop {
             self.pair = Some((fd, poll.fd));
         }
         self.previous = Some((poll.fd, poll.ret, poll.ns));
-        let Some((input, rpc)) = self.pair else {
+    }
+
+    /// Mark the iteration a receive check of the learnt pair begins or ends; true when it
+    /// ended one's receive phase.
+    fn mark(&mut self, poll: &MailboxPoll) -> bool {
+        let Some((input, rpc)) = self.pair.filter(|_| is_receive_check(poll)) else {
             return false;
         };
         if poll.fd == input {
@@ -223,10 +270,13 @@ fn batch_id(scheduler: u32, marker_ns: u64) -> String {
 }
 
 impl SchedulerLoops {
-    /// A poll by scheduler `poll.tgid` (only its main thread runs the loop); true when it
-    /// marked an iteration.
-    pub fn poll(&mut self, poll: &MailboxPoll) -> bool {
-        poll.tid == poll.tgid && self.loops.entry(poll.tgid).or_default().poll(poll)
+    /// A poll by scheduler `poll.tgid` (only its main thread runs the loop); how many
+    /// iterations it marked.
+    pub fn poll(&mut self, poll: &MailboxPoll) -> u64 {
+        if poll.tid != poll.tgid {
+            return 0;
+        }
+        self.loops.entry(poll.tgid).or_default().poll(poll)
     }
 
     /// Scheduler `scheduler` sent an output (its first byte captured at `ns`).
@@ -254,8 +304,13 @@ fn request_view(
     r: &RequestSteps,
     handed_over: &dyn Fn(u64) -> u64,
 ) -> Option<LoopView> {
-    let prefill_iteration = l.iteration_of(r.prefill_end_ns)?;
-    let final_iteration = l.iteration_of(r.final_output_ns)?;
+    let (Some(prefill_iteration), Some(final_iteration)) = (
+        l.iteration_of(r.prefill_end_ns),
+        l.iteration_of(r.final_output_ns),
+    ) else {
+        tracing::debug!("scheduler {}: prefill end or final output before its loop was learnt", r.scheduler);
+        return None;
+    };
     // The iteration that scheduled the batch whose result iteration `j` processed.
     let batch_of = |j: usize| if r.overlap { j.checked_sub(1) } else { Some(j) };
     let decode: Vec<usize> = (prefill_iteration + 1..=final_iteration)
@@ -270,10 +325,14 @@ fn request_view(
         );
         return None;
     }
-    let decode_ends = decode
+    let Some(decode_ends) = decode
         .iter()
         .map(|&j| l.end_of(j, handed_over))
-        .collect::<Option<Vec<u64>>>()?;
+        .collect::<Option<Vec<u64>>>()
+    else {
+        tracing::debug!("scheduler {}: a decode step's end not seen yet", r.scheduler);
+        return None;
+    };
     let marker = |j: usize| l.iterations.get(j).map(|i| i.marker_ns);
     let size_in = |j: usize, prefill: bool| match (l.line_of(j), prefill) {
         (Some(StatsLine::Prefill { requests }), true)
@@ -354,6 +413,7 @@ mod tests {
             tid: SCHEDULER,
             fd,
             nfds: 1,
+            second_fd: None,
             timeout_ms: 0,
             enter_ns: ns - US,
             ns,
@@ -386,11 +446,11 @@ mod tests {
         let loops = loops_with(20);
         let l = &loops.loops[&SCHEDULER];
         assert_eq!(l.pair, Some((INPUT, RPC)));
-        // Iterations are counted once the pair is known (its 8th vote, the 8th iteration).
-        assert_eq!(l.iterations.len(), 13);
-        assert_eq!(l.iterations[0].marker_ns, marker(7));
-        assert_eq!(l.iterations[0].start_ns, marker(7) - US);
-        assert_eq!(l.iterations[1].start_ns, 100 * MS + 8 * 4 * MS - US);
+        // Learnt at its 8th vote, in the 8th iteration; the iterations before are marked too.
+        assert_eq!(l.iterations.len(), 20);
+        assert_eq!(l.iterations[0].marker_ns, marker(0));
+        assert_eq!(l.iterations[0].start_ns, 100 * MS - US);
+        assert_eq!(l.iterations[1].start_ns, 100 * MS + 4 * MS - US);
     }
 
     #[test]
@@ -498,12 +558,27 @@ mod tests {
         let mut loops = loops_with(20);
         let mut sleep = poll(INPUT, 200 * MS);
         sleep.nfds = 2;
+        sleep.second_fd = Some(RPC);
         sleep.timeout_ms = 1000;
         loops.poll(&sleep);
         let mut other_thread = poll(RPC, 201 * MS);
         other_thread.tid = SCHEDULER + 1;
         loops.poll(&other_thread);
-        assert_eq!(loops.loops[&SCHEDULER].iterations.len(), 13);
+        assert_eq!(loops.loops[&SCHEDULER].iterations.len(), 20);
+    }
+
+    #[test]
+    fn an_idle_sleep_on_both_mailboxes_names_the_pair_at_once() {
+        let mut loops = SchedulerLoops::default();
+        loops.poll(&poll(INPUT, 100 * MS));
+        loops.poll(&poll(RPC, 100 * MS + 50 * US));
+        let mut sleep = poll(INPUT, 100 * MS + 100 * US);
+        sleep.nfds = 2;
+        sleep.second_fd = Some(RPC);
+        sleep.timeout_ms = 1000;
+        loops.poll(&sleep);
+        assert_eq!(loops.loops[&SCHEDULER].pair, Some((INPUT, RPC)));
+        assert_eq!(loops.poll(&poll(RPC, 1100 * MS)), 1);
     }
 
     #[test]

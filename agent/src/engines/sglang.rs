@@ -390,7 +390,7 @@ impl SglangTracker {
             Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_) => {}
             // The schedulers' loops; main's polls are its asyncio loop's business.
             Decoded::MailboxPoll(poll) if self.ranks.contains_key(&poll.tgid) => {
-                self.stats.loop_iterations += u64::from(self.loops.poll(poll));
+                self.stats.loop_iterations += self.loops.poll(poll);
             }
             Decoded::MailboxPoll(_) => {}
             // Only schedulers' logs are read.
@@ -591,7 +591,8 @@ impl SglangTracker {
             scheduler: t.scheduler_pid?,
             forward_entry_ns: mono(times.forward_entry?),
             prefill_end_ns: mono(times.prefill_finished?),
-            final_output_ns: *t.scheduler_output_ns.last()?,
+            // Its hand-over: the I/O thread may write it after the loop's next iteration began.
+            final_output_ns: self.handoffs.taken_at(*t.scheduler_output_ns.last()?),
             completion_tokens: t.completion_tokens?,
             finishes_by_length: t.finish.as_ref().is_some_and(|f| f.kind == "length"),
             overlap: t.overlap,
