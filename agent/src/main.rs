@@ -141,9 +141,10 @@ struct OutputArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=2))]
     granularity: u8,
     /// SGLang's native span levels (its SGLANG_TRACE_LEVEL): stage spans of a higher level
-    /// than this are left out (1: tokenize, prefill_waiting, prefill_forward, decode_forward;
-    /// 2: + request_process; 3: + decode_loop); 0 leaves out the native hierarchy (request,
-    /// thread and stage spans), keeping the entry span.
+    /// than this are left out (1: tokenize, prefill_waiting, prefill_forward, decode_waiting,
+    /// decode_forward, retract events; 2: + request_process; 3: + chunked_prefill, decode_loop,
+    /// schedule events); 0 leaves out the native hierarchy (request, thread and stage spans),
+    /// keeping the entry span.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=4))]
     sglang_trace_level: u8,
     /// Put prompts and generated text on the entry spans (off by default: they may be

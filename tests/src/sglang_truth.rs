@@ -709,7 +709,8 @@ const PREFILL_SCHEDULE: &str = "schedule (prefill batch)";
 /// The stages SGLang produced for each request, against infertrace's from a live capture (one
 /// that followed the scheduler's loop: replays of recordings made before the mailbox polls were
 /// captured lack it): every stage SGLang produced is there (its `api_server_dispatch` inside
-/// infertrace's `tokenize`), as many `decode_loop`s with their edges close, the same
+/// infertrace's `tokenize`), as many `decode_loop`s and `chunked_prefill`s with their edges
+/// close, the same
 /// `decode_waiting`s, and the same `schedule` events: one per batch the request was in, in the
 /// same order and forward mode, batch sizes equal where infertrace gives one, and infertrace's
 /// batch ids grouping the requests exactly as SGLang's.
@@ -722,7 +723,8 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
     let mut diffs: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut bids: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
     let mut their_bids: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
-    let (mut requests, mut loops, mut events, mut sizes) = (0, 0, 0, 0);
+    let (mut requests, mut events, mut sizes) = (0, 0, 0);
+    let mut nested: BTreeMap<&str, usize> = BTreeMap::new();
     let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
     for theirs_req in theirs.iter().filter(|s| is_request(s)) {
         let id = rid(theirs_req);
@@ -754,28 +756,38 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
                 r.fail(format!("{id}: infertrace has no {name}"));
             }
         }
-        let (ours_loops, their_loops) = (
-            named(&ours_stages, "decode_loop"),
-            named(&their_stages, "decode_loop"),
-        );
-        if ours_loops.len() != their_loops.len() {
-            r.fail(format!(
-                "{id}: {} decode_loop spans, SGLang {}",
-                ours_loops.len(),
-                their_loops.len()
-            ));
-        } else {
-            loops += ours_loops.len();
-            for (a, b) in ours_loops.iter().zip(&their_loops) {
-                diffs.entry("decode_loop start").or_default().push(d(a.0, b.0));
-                diffs.entry("decode_loop end").or_default().push(d(a.1, b.1));
+        for (name, start_key, end_key) in [
+            ("decode_loop", "decode_loop start", "decode_loop end"),
+            (
+                "chunked_prefill",
+                "chunked_prefill start",
+                "chunked_prefill end",
+            ),
+        ] {
+            let (ours_nested, their_nested) =
+                (named(&ours_stages, name), named(&their_stages, name));
+            if ours_nested.len() != their_nested.len() {
+                r.fail(format!(
+                    "{id}: {} {name} spans, SGLang {}",
+                    ours_nested.len(),
+                    their_nested.len()
+                ));
+                continue;
+            }
+            *nested.entry(name).or_default() += ours_nested.len();
+            for (a, b) in ours_nested.iter().zip(&their_nested) {
+                diffs.entry(start_key).or_default().push(d(a.0, b.0));
+                diffs.entry(end_key).or_default().push(d(a.1, b.1));
             }
         }
         if let (Some(a), Some(b)) = (
             named(&ours_stages, "decode_waiting").first(),
             named(&their_stages, "decode_waiting").first(),
         ) {
-            diffs.entry("decode_waiting end").or_default().push(d(a.1, b.1));
+            diffs
+                .entry("decode_waiting end")
+                .or_default()
+                .push(d(a.1, b.1));
         }
         let (ours_events, their_events) = (
             our_schedules(&ours_stages, &ours_json),
@@ -785,7 +797,8 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
             e.iter().map(|s| s.forward_mode).collect()
         }
         if modes(&ours_events) != modes(&their_events) {
-            let count = |e: &[Schedule], mode: &str| e.iter().filter(|s| s.forward_mode == mode).count();
+            let count =
+                |e: &[Schedule], mode: &str| e.iter().filter(|s| s.forward_mode == mode).count();
             let first_difference = modes(&ours_events)
                 .iter()
                 .zip(modes(&their_events))
@@ -822,7 +835,11 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
             their_bids.entry(b.bid).or_default().insert(a.bid);
         }
     }
-    let split = bids.values().chain(their_bids.values()).filter(|s| s.len() > 1).count();
+    let split = bids
+        .values()
+        .chain(their_bids.values())
+        .filter(|s| s.len() > 1)
+        .count();
     if split > 0 {
         r.fail(format!(
             "{split} batch ids do not group the requests as SGLang's do"
@@ -830,7 +847,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
     }
     let _ = writeln!(
         r.text,
-        "loop stages compared for {requests} requests: {loops} decode_loop spans, {events} \
+        "loop stages compared for {requests} requests: {nested:?} nested spans, {events} \
          schedule events ({sizes} with a batch size), {} batches",
         bids.len()
     );

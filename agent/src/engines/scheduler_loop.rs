@@ -80,6 +80,13 @@ struct SchedulerLoop {
     iterations: VecDeque<Iteration>,
     /// Capture times of the scheduler's output sends (first byte), in order.
     outputs: VecDeque<u64>,
+    /// When the loop's thread handed a message to libzmq (the `zmq_msg_send` probe) and on
+    /// which socket: its sends' own instants, known from the first send on (the capture's
+    /// matching of them to the socket writes needs a few sends to learn).
+    hand_overs: VecDeque<(u64, u64)>,
+    /// Hand-overs per socket: the outputs' socket is the one the loop sends on most (the
+    /// others carry the rare replies to the main process).
+    sends_per_socket: HashMap<u64, u64>,
     lines: VecDeque<(u64, StatsLine)>,
 }
 
@@ -158,7 +165,9 @@ impl SchedulerLoop {
                 start_ns: self.receiving_since.take().unwrap_or(poll.enter_ns),
                 marker_ns: poll.ns,
             };
-            insert_bounded(&mut self.iterations, iteration, MAX_ITERATIONS, |i| i.marker_ns);
+            insert_bounded(&mut self.iterations, iteration, MAX_ITERATIONS, |i| {
+                i.marker_ns
+            });
             return true;
         }
         false
@@ -190,10 +199,42 @@ impl SchedulerLoop {
             .map(|&ns| handed_over(ns))
             .take_while(|&ns| next.is_none_or(|n| ns < n))
             .find(|&ns| within(ns));
-        [first_output, self.line_at(from, next).map(|(ns, _)| ns), next]
-            .into_iter()
-            .flatten()
-            .min()
+        let output_socket = self.output_socket();
+        let first = self.hand_overs.partition_point(|&(ns, _)| ns <= from);
+        let first_hand_over = self
+            .hand_overs
+            .range(first..)
+            .take_while(|&&(ns, _)| within(ns))
+            .find(|&&(_, socket)| Some(socket) == output_socket)
+            .map(|&(ns, _)| ns);
+        [
+            first_output,
+            first_hand_over,
+            self.line_at(from, next).map(|(ns, _)| ns),
+            next,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The socket the loop sends its outputs on.
+    fn output_socket(&self) -> Option<u64> {
+        self.sends_per_socket
+            .iter()
+            .max_by_key(|&(_, n)| *n)
+            .map(|(&socket, _)| socket)
+    }
+
+    /// The loop thread's latest hand-over of an output at or before `ns`.
+    fn hand_over_before(&self, ns: u64) -> Option<u64> {
+        let output_socket = self.output_socket()?;
+        let after = self.hand_overs.partition_point(|&(h, _)| h <= ns);
+        self.hand_overs
+            .range(..after)
+            .rev()
+            .find(|&&(_, socket)| socket == output_socket)
+            .map(|&(h, _)| h)
     }
 
     /// The first statistics line written in (`from`, `next`).
@@ -228,6 +269,9 @@ pub struct Scheduled {
 /// What the loop shows of one request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoopView {
+    /// Capture times each prefill chunk but the last was done (SGLang's `chunked_prefill`
+    /// ends; the last one ends with the prefill); empty when the prompt took one batch.
+    pub chunk_ends: Vec<u64>,
     /// Capture times each decode step's result was processed (SGLang's `decode_loop` ends),
     /// the last being the final output.
     pub decode_ends: Vec<u64>,
@@ -263,7 +307,11 @@ pub struct SchedulerLoops {
 /// infertrace's batch identifier: 8 hex digits of the scheduler and the iteration's marker.
 fn batch_id(scheduler: u32, marker_ns: u64) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in scheduler.to_le_bytes().into_iter().chain(marker_ns.to_le_bytes()) {
+    for byte in scheduler
+        .to_le_bytes()
+        .into_iter()
+        .chain(marker_ns.to_le_bytes())
+    {
         h = (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
     }
     format!("{:08x}", (h ^ (h >> 32)) as u32)
@@ -283,6 +331,19 @@ impl SchedulerLoops {
     pub fn output_sent(&mut self, scheduler: u32, ns: u64) {
         let outputs = &mut self.loops.entry(scheduler).or_default().outputs;
         insert_bounded(outputs, ns, MAX_MARKS, |&ns| ns);
+    }
+
+    /// The main thread of scheduler `scheduler` handed a message to libzmq `socket` at `ns`.
+    pub fn handed_over(&mut self, scheduler: u32, socket: u64, ns: u64) {
+        let l = self.loops.entry(scheduler).or_default();
+        *l.sends_per_socket.entry(socket).or_default() += 1;
+        insert_bounded(&mut l.hand_overs, (ns, socket), MAX_MARKS, |&(ns, _)| ns);
+    }
+
+    /// When the loop's thread handed over the output whose first byte its I/O thread wrote
+    /// at `written_ns`: its latest hand-over before that write.
+    pub fn output_handed_over(&self, scheduler: u32, written_ns: u64) -> Option<u64> {
+        self.loops.get(&scheduler)?.hand_over_before(written_ns)
     }
 
     /// Scheduler `scheduler` wrote a statistics line at `ns`.
@@ -308,7 +369,10 @@ fn request_view(
         l.iteration_of(r.prefill_end_ns),
         l.iteration_of(r.final_output_ns),
     ) else {
-        tracing::debug!("scheduler {}: prefill end or final output before its loop was learnt", r.scheduler);
+        tracing::debug!(
+            "scheduler {}: prefill end or final output before its loop was learnt",
+            r.scheduler
+        );
         return None;
     };
     // The iteration that scheduled the batch whose result iteration `j` processed.
@@ -323,6 +387,16 @@ fn request_view(
             decode.len(),
             r.completion_tokens
         );
+        for j in prefill_iteration.saturating_sub(3)..=final_iteration + 1 {
+            tracing::debug!(
+                "  iteration {j}: {:?} line {:?} end {:?} (prefill end {}, final output {})",
+                l.iterations.get(j),
+                l.line_of(j),
+                l.end_of(j, handed_over),
+                r.prefill_end_ns,
+                r.final_output_ns
+            );
+        }
         return None;
     }
     let Some(decode_ends) = decode
@@ -330,10 +404,35 @@ fn request_view(
         .map(|&j| l.end_of(j, handed_over))
         .collect::<Option<Vec<u64>>>()
     else {
-        tracing::debug!("scheduler {}: a decode step's end not seen yet", r.scheduler);
+        tracing::debug!(
+            "scheduler {}: a decode step's end not seen yet",
+            r.scheduler
+        );
         return None;
     };
     let marker = |j: usize| l.iterations.get(j).map(|i| i.marker_ns);
+    // A prompt prefilled in chunks: each chunk is a prefill batch of its own, whose result
+    // an iteration before the last one's processed (SGLang's `chunked_prefill` ends).
+    let forward_iteration = l.iteration_of(r.forward_entry_ns)?;
+    let first_result = if r.overlap {
+        forward_iteration + 1
+    } else {
+        forward_iteration
+    };
+    let chunk_iterations = first_result..prefill_iteration;
+    if chunk_iterations
+        .clone()
+        .any(|j| !matches!(l.line_of(j), Some(StatsLine::Prefill { .. })))
+    {
+        tracing::debug!(
+            "scheduler {}: a prefill chunk's result not marked",
+            r.scheduler
+        );
+        return None;
+    }
+    let chunk_ends = chunk_iterations
+        .map(|j| l.end_of(j, handed_over))
+        .collect::<Option<Vec<u64>>>()?;
     let size_in = |j: usize, prefill: bool| match (l.line_of(j), prefill) {
         (Some(StatsLine::Prefill { requests }), true)
         | (Some(StatsLine::Decode { requests }), false) => Some(requests),
@@ -348,8 +447,7 @@ fn request_view(
     // that batch still holds it unless the loop knew its next token was its last
     // (`_reqs_finishing_inflight`: a length limit) or it was a prefill batch (the next
     // iteration's line says, once that iteration is over).
-    if r.overlap && !r.finishes_by_length && l.end_of(final_iteration + 1, handed_over).is_some()
-    {
+    if r.overlap && !r.finishes_by_length && l.end_of(final_iteration + 1, handed_over).is_some() {
         let next = final_iteration + 1;
         if !matches!(l.line_of(next), Some(StatsLine::Prefill { .. })) {
             batches.push((final_iteration, Some(next)));
@@ -371,13 +469,22 @@ fn request_view(
         (None, None) => None,
     };
 
-    let mut scheduled = Vec::with_capacity(batches.len() + 1);
-    if let Some(j) = l.iteration_of(r.forward_entry_ns) {
+    // One prefill batch per chunk: the first at the request's forward entry (SGLang's own
+    // stamp), the others at the markers of the iterations that scheduled them.
+    let mut scheduled = Vec::with_capacity(batches.len() + chunk_ends.len() + 1);
+    for j in first_result..=prefill_iteration {
+        let batch = if r.overlap { j - 1 } else { j };
+        let bid = batch_id(r.scheduler, marker(batch)?);
+        let ns = if batch == forward_iteration {
+            r.forward_entry_ns
+        } else {
+            marker(batch)?
+        };
         scheduled.push(Scheduled {
-            ns: r.forward_entry_ns,
-            bid: batch_id(r.scheduler, marker(j)?),
+            ns,
+            bid,
             forward_mode: "prefill",
-            batch_size: size_in(prefill_iteration, true),
+            batch_size: size_in(j, true),
         });
     }
     for (batch, result) in batches {
@@ -390,6 +497,7 @@ fn request_view(
         });
     }
     Some(LoopView {
+        chunk_ends,
         decode_ends,
         first_loop_start,
         decode_waiting_end,
@@ -551,6 +659,88 @@ mod tests {
             ..r
         };
         assert_eq!(loops.view(&longer, &same), None);
+    }
+
+    #[test]
+    fn an_output_written_after_the_next_iteration_began_belongs_to_its_hand_over() {
+        let mut loops = loops_with(30);
+        const OUTPUTS: u64 = 0x7f00;
+        const TO_MAIN: u64 = 0x7f80;
+        // The final output was handed over 3 ms into iteration 14 and written by the I/O
+        // thread only after iteration 15 began; a reply to the main process went in between.
+        let handed_over = marker(14) + 3 * MS;
+        for k in 0..5 {
+            loops.handed_over(SCHEDULER, OUTPUTS, marker(k) + MS);
+        }
+        loops.handed_over(SCHEDULER, OUTPUTS, handed_over);
+        loops.handed_over(SCHEDULER, TO_MAIN, marker(15) + 10 * US);
+        let written = marker(15) + 100 * US;
+        loops.output_sent(SCHEDULER, written);
+        assert_eq!(
+            loops.output_handed_over(SCHEDULER, written),
+            Some(handed_over)
+        );
+        let r = RequestSteps {
+            scheduler: SCHEDULER,
+            forward_entry_ns: marker(10) + 200 * US,
+            prefill_end_ns: marker(11) + 3 * MS,
+            final_output_ns: handed_over,
+            completion_tokens: 4,
+            finishes_by_length: true,
+            overlap: true,
+        };
+        let view = loops.view(&r, &same).expect("placed");
+        assert_eq!(view.decode_ends.last(), Some(&handed_over));
+    }
+
+    #[test]
+    fn a_prompt_prefilled_in_chunks_has_each_chunk_end() {
+        let mut loops = loops_with(30);
+        // Three chunks, scheduled in iterations 10, 11, 12; their results in 11, 12, 13.
+        for k in 11..=13 {
+            let requests = if k == 13 { 2 } else { 1 };
+            loops.logged(
+                SCHEDULER,
+                marker(k) + 3 * MS,
+                StatsLine::Prefill { requests },
+            );
+        }
+        let final_output = marker(15) + 2 * MS;
+        loops.output_sent(SCHEDULER, final_output);
+        let r = RequestSteps {
+            scheduler: SCHEDULER,
+            forward_entry_ns: marker(10) + 200 * US,
+            prefill_end_ns: marker(13) + 2 * MS,
+            final_output_ns: final_output,
+            completion_tokens: 3,
+            finishes_by_length: true,
+            overlap: true,
+        };
+        let view = loops.view(&r, &same).expect("placed");
+        assert_eq!(
+            view.chunk_ends,
+            vec![marker(11) + 3 * MS, marker(12) + 3 * MS]
+        );
+        let prefills: Vec<(u64, Option<u64>)> = view
+            .scheduled
+            .iter()
+            .filter(|s| s.forward_mode == "prefill")
+            .map(|s| (s.ns, s.batch_size))
+            .collect();
+        assert_eq!(
+            prefills,
+            vec![
+                (r.forward_entry_ns, Some(1)),
+                (marker(11), Some(1)),
+                (marker(12), Some(2))
+            ]
+        );
+        // A chunk whose result no line marks: not placed.
+        let earlier = RequestSteps {
+            forward_entry_ns: marker(8),
+            ..r
+        };
+        assert_eq!(loops.view(&earlier, &same), None);
     }
 
     #[test]

@@ -367,7 +367,6 @@ impl SglangTracker {
         self.handoffs.stats
     }
 
-
     /// The schedulers' statistics reports read since the last call.
     pub fn take_reports(&mut self) -> Vec<DecodeStats> {
         std::mem::take(&mut self.reports)
@@ -383,7 +382,13 @@ impl SglangTracker {
                 }
             }
             Decoded::Wakeup(wakeup) => self.handoffs.wakeup(wakeup),
-            Decoded::Handover(handover) => self.handoffs.handed_over(handover),
+            Decoded::Handover(handover) => {
+                if handover.tid == handover.tgid && self.ranks.contains_key(&handover.tgid) {
+                    self.loops
+                        .handed_over(handover.tgid, handover.socket, handover.ns);
+                }
+                self.handoffs.handed_over(handover);
+            }
             // SGLang's frontend handles an output in the task that read it: the mailbox read
             // is its instant, with no loop iteration to wait for.
             // GPU steps and Python samples go to the pipeline's own stages.
@@ -582,6 +587,19 @@ impl SglangTracker {
         outcomes.into_iter().map(|o| self.trace(o)).collect()
     }
 
+    /// When the scheduler handed over a request's final output: as the capture matched it to
+    /// its write, else the loop thread's latest hand-over before that write.
+    fn final_hand_over(&self, t: &SglangTimeline) -> Option<u64> {
+        let written = *t.scheduler_output_ns.last()?;
+        let matched = self.handoffs.taken_at(written);
+        if matched != written {
+            return Some(matched);
+        }
+        self.loops
+            .output_handed_over(t.scheduler_pid?, written)
+            .or(Some(written))
+    }
+
     /// The scheduler loop's view of a request it decoded: one with the scheduler's own time
     /// stats (its forward entry and prefill end) that was never retracted.
     fn loop_view(&mut self, t: &SglangTimeline) -> Option<LoopView> {
@@ -592,7 +610,7 @@ impl SglangTracker {
             forward_entry_ns: mono(times.forward_entry?),
             prefill_end_ns: mono(times.prefill_finished?),
             // Its hand-over: the I/O thread may write it after the loop's next iteration began.
-            final_output_ns: self.handoffs.taken_at(*t.scheduler_output_ns.last()?),
+            final_output_ns: self.final_hand_over(t)?,
             completion_tokens: t.completion_tokens?,
             finishes_by_length: t.finish.as_ref().is_some_and(|f| f.kind == "length"),
             overlap: t.overlap,

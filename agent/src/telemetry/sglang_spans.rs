@@ -8,6 +8,7 @@
 //!    │  └─ tokenize                            (+ api_server_dispatch, see below)
 //!    └─ "Scheduler [TP 0]  [PP 0] (host:… | pid:…)"   scheduler process
 //!       ├─ request_process, prefill_waiting, prefill_forward   (scheduler time stats)
+//!       │                                       └─ chunked_prefill × chunks
 //!       ├─ decode_waiting                       (first decode batch after the prefill)
 //!       └─ decode_forward
 //!          └─ decode_loop × steps
@@ -425,7 +426,23 @@ fn scheduler_stages(
     ];
     for (name, start, end) in stages {
         if let (Some(start), Some(end)) = (start, end) {
-            b.stage(name, start, end, scheduler, Vec::new());
+            let stage = b.stage(name, start, end, scheduler, Vec::new());
+            if let (Some(prefill), Some(view)) =
+                (stage.filter(|_| name == "prefill_forward"), &t.loop_view)
+                && !view.chunk_ends.is_empty()
+            {
+                // One span per chunk, from the forward entry to the prefill's end.
+                let ends = view
+                    .chunk_ends
+                    .iter()
+                    .map(|&ns| clock.unix_ns(ns))
+                    .chain([end]);
+                let mut from = start;
+                for to in ends {
+                    b.stage("chunked_prefill", from, to, prefill, Vec::new());
+                    from = to;
+                }
+            }
         }
     }
     // Decode: from the prefill's end (or the first output of a streamed request), or from its
@@ -575,8 +592,9 @@ impl Children<'_> {
         id
     }
 
-    /// A stage span, unless its level is above the trace level. Decode loops (children of
-    /// decode_forward) link nothing and are not linked to.
+    /// A stage span, unless its level is above the trace level. Decode loops and prefill
+    /// chunks (children of decode_forward and prefill_forward) link nothing and are not linked
+    /// to.
     fn stage(
         &mut self,
         name: &'static str,
@@ -588,7 +606,7 @@ impl Children<'_> {
         if stage_level(name) > self.max_level {
             return None;
         }
-        if name == "decode_loop" {
+        if matches!(name, "decode_loop" | "chunked_prefill") {
             return Some(self.push(name.into(), (start, end), parent, attributes, None));
         }
         let link = self.previous_stage;
