@@ -112,6 +112,9 @@ pub mod fd_action {
     pub const CAPTURE: u8 = 1;
     /// Not interesting (pipe, eventfd, file, unrelated socket).
     pub const IGNORE: u8 = 2;
+    /// Copy its payloads and report its polls: a libzmq mailbox of a loop the agent follows
+    /// iteration by iteration (an SGLang scheduler's).
+    pub const CAPTURE_POLLS: u8 = 3;
 }
 
 /// Flags of an [`IoRecord`].

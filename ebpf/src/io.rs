@@ -467,7 +467,7 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
     // SAFETY: the value is copied out immediately.
     let was_captured = matches!(
         unsafe { FD_CLASS.get(&key) }.map(|s| s.action),
-        Some(fd_action::CAPTURE) | Some(fd_action::PENDING)
+        Some(fd_action::CAPTURE | fd_action::CAPTURE_POLLS | fd_action::PENDING)
     );
     let _ = FD_CLASS.remove(&key);
     let _ = FD_DECISION.remove(&key);

@@ -2,9 +2,9 @@
 //! check the socket's mailbox eventfd with `poll(fd, 1, 0)`, so an application thread that
 //! drains its sockets once per loop iteration (SGLang's scheduler) leaves one such poll per
 //! socket and iteration, whether or not anything arrived. Only polls whose first fd is one
-//! the agent captures (a watched eventfd) are reported; an fd not classified yet is reported
-//! as new first, like an unknown fd in a read or a write, and its polls until userspace
-//! decides (which drops them if it is not watched).
+//! whose polls userspace follows (`fd_action::CAPTURE_POLLS`) are reported; an fd not
+//! classified yet is reported as new first, like an unknown fd in a read or a write, and its
+//! polls until userspace decides.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, tracepoint},
@@ -70,13 +70,15 @@ pub fn sys_enter_poll(ctx: TracePointContext) -> u32 {
     }
     let fd = fd as u32;
     let key = FdKey { tgid, fd };
-    // Reported until userspace has decided, as a read or write would be: the first polls of
-    // a scheduler's mailboxes are those of the first iteration after attach.
+    // Reported until userspace has decided, as a read or write would be (the first polls of
+    // a scheduler's mailboxes are those of the first iteration after attach), then only for
+    // the mailboxes whose polls userspace follows.
     match FD_CLASS.get_ptr_mut(&key) {
         None => report_new_fd(tgid, fd, key),
         // SAFETY: pointer into a live map value.
         Some(state) => {
-            if unsafe { apply_decision(&mut *state, &key) } == fd_action::IGNORE {
+            let action = unsafe { apply_decision(&mut *state, &key) };
+            if action != fd_action::CAPTURE_POLLS && action != fd_action::PENDING {
                 return 0;
             }
         }

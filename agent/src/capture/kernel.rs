@@ -19,9 +19,7 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
-use infertrace_common::{
-    Config, FdDecision, FdKey, FdState, PyProcess, PyStack, counter, cuda_fn, fd_action,
-};
+use infertrace_common::{Config, FdDecision, FdKey, FdState, PyProcess, PyStack, counter, cuda_fn};
 
 use super::{cuda_watch::CudaOptions, python_watch::PythonOptions};
 use crate::discover::uprobe_sites::ProbeSite;
@@ -199,20 +197,16 @@ impl KernelCapture {
         let _ = self.tracked.remove(&tgid);
     }
 
-    /// Tell the kernel whether to copy an fd's payloads. The kernel applies the decision on
-    /// the fd's next syscall (it owns the fd's state, sequence numbers included).
+    /// Tell the kernel what to do with an fd (one of `fd_action`: copy its payloads, and
+    /// report its polls too, or ignore it). The kernel applies the decision on the fd's next
+    /// syscall (it owns the fd's state, sequence numbers included).
     pub fn classify(
         &mut self,
         tgid: u32,
         fd: u32,
         generation: u32,
-        capture: bool,
+        action: u8,
     ) -> anyhow::Result<()> {
-        let action = if capture {
-            fd_action::CAPTURE
-        } else {
-            fd_action::IGNORE
-        };
         let decision = FdDecision {
             action,
             _pad: [0; 3],

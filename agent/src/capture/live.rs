@@ -22,6 +22,7 @@ use crate::discover::{
     procfs,
     sockets::{FdKind, SocketLookup},
 };
+use infertrace_common::fd_action;
 
 /// Records read from the ring buffer before their /proc look-ups are done.
 const BATCH: usize = 1024;
@@ -153,7 +154,7 @@ impl LiveCapture {
                         let kind = decoded_kind(kind, *fd, self.roles.of(tgid));
                         // What /proc shows may already be a later incarnation of the fd
                         // number: the generation makes the kernel drop the decision then.
-                        let decision = kind.capture();
+                        let decision = fd_decision(&kind, self.roles.of(tgid));
                         if let Err(e) = self.kernel.classify(tgid, *fd, *generation, decision) {
                             tracing::warn!("{e:#}");
                         }
@@ -268,6 +269,21 @@ fn decoded_kind(kind: FdKind, fd: u32, process: Option<&(Engine, Role)>) -> FdKi
 /// stdout and stderr.
 const STANDARD_OUTPUTS: [u32; 2] = [1, 2];
 
+/// What the kernel does with an fd of that kind: an SGLang scheduler's mailboxes have their
+/// polls reported too (its loop's iterations: `engines::scheduler_loop`); nobody else's are
+/// (an asyncio loop checks its sockets' mailboxes thousands of times a second).
+fn fd_decision(kind: &FdKind, process: Option<&(Engine, Role)>) -> u8 {
+    match kind {
+        FdKind::Eventfd { watched: true }
+            if process == Some(&(Engine::Sglang, Role::Scheduler)) =>
+        {
+            fd_action::CAPTURE_POLLS
+        }
+        kind if kind.capture() => fd_action::CAPTURE,
+        _ => fd_action::IGNORE,
+    }
+}
+
 /// How long a process's role is trusted: a forked child keeps its parent's title until it
 /// sets its own, so the answer is asked again after this.
 const ROLE_TTL: Duration = Duration::from_secs(1);
@@ -331,6 +347,24 @@ mod tests {
         assert!(!decoded_kind(unix(), 7, Some(&detokenizer)).capture());
         assert_eq!(decoded_kind(unix(), 7, None), unix());
         assert!(!decoded_kind(eventfd(), 7, None).capture());
+    }
+
+    #[test]
+    fn only_an_sglang_schedulers_mailboxes_have_their_polls_reported() {
+        let watched = FdKind::Eventfd { watched: true };
+        let scheduler = (Engine::Sglang, Role::Scheduler);
+        let api = (Engine::Vllm, Role::ApiServer);
+        assert_eq!(
+            fd_decision(&watched, Some(&scheduler)),
+            fd_action::CAPTURE_POLLS
+        );
+        assert_eq!(fd_decision(&watched, Some(&api)), fd_action::CAPTURE);
+        let unix = FdKind::Unix { path: None };
+        assert_eq!(fd_decision(&unix, Some(&scheduler)), fd_action::CAPTURE);
+        let other = FdKind::Other {
+            what: "pipe".into(),
+        };
+        assert_eq!(fd_decision(&other, Some(&scheduler)), fd_action::IGNORE);
     }
 
     #[test]
