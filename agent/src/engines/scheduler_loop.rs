@@ -387,7 +387,10 @@ fn request_view(
             decode.len(),
             r.completion_tokens
         );
-        for j in prefill_iteration.saturating_sub(3)..=final_iteration + 1 {
+        // The window's first and last iterations.
+        let (first, last) = (prefill_iteration.saturating_sub(3), final_iteration + 1);
+        let shown = (first..=last).filter(|&j| j < first + 20 || j + 20 > last);
+        for j in shown {
             tracing::debug!(
                 "  iteration {j}: {:?} line {:?} end {:?} (prefill end {}, final output {})",
                 l.iterations.get(j),

@@ -601,7 +601,7 @@ impl SglangTracker {
     }
 
     /// The scheduler loop's view of a request it decoded: one with the scheduler's own time
-    /// stats (its forward entry and prefill end) that was never retracted.
+    /// stats (its forward entry and prefill end) that was neither retracted nor aborted.
     fn loop_view(&mut self, t: &SglangTimeline) -> Option<LoopView> {
         let times = t.times?;
         let mono = |s: f64| (s * 1e9).round() as u64;
@@ -615,8 +615,11 @@ impl SglangTracker {
             finishes_by_length: t.finish.as_ref().is_some_and(|f| f.kind == "length"),
             overlap: t.overlap,
         };
+        // An abort arrives in the middle of an iteration and ends the request at some later
+        // result: which iterations were its steps is not certain.
+        let aborted = t.finish.as_ref().is_some_and(|f| f.kind == "abort");
         let handoffs = &self.handoffs;
-        let view = (t.retractions_seen == 0 && t.steps_dropped == 0)
+        let view = (t.retractions_seen == 0 && t.steps_dropped == 0 && !aborted)
             .then(|| self.loops.view(&steps, &|ns| handoffs.taken_at(ns)))
             .flatten();
         if view.is_some() {
