@@ -11,6 +11,8 @@ use crate::{ebpf, root, run};
 
 /// Seconds each fuzz target runs in CI.
 const FUZZ_SECONDS: u32 = 30;
+/// Wall-clock limit of one fuzz target's build and run (coreutils `timeout` duration).
+const FUZZ_WALL_LIMIT: &str = "600s";
 const FUZZ_TARGETS: &[&str] = &[
     "http",
     "zmtp",
@@ -86,13 +88,19 @@ fn fuzz(root: &Path) -> anyhow::Result<()> {
             .context("installing cargo-fuzz")?;
     }
     for target in FUZZ_TARGETS {
-        run(Command::new("cargo")
+        // A wall-clock bound around each run (its build included): a fuzzer that stops
+        // responding (libFuzzer's out-of-memory report has been seen to hang in its symbolizer)
+        // fails the run instead of holding CI until its own limit.
+        run(Command::new("timeout")
+            .args(["--kill-after=10s", FUZZ_WALL_LIMIT, "cargo"])
             .args([
                 "fuzz",
                 "run",
                 target,
                 "--",
                 &format!("-max_total_time={FUZZ_SECONDS}"),
+                // One allocation this large is a decoder trusting a length it was given.
+                "-malloc_limit_mb=512",
             ])
             // cargo-fuzz needs nightly flags (-Z sanitizer); this stable toolchain allows them.
             .env("RUSTC_BOOTSTRAP", "1")

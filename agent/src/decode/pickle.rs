@@ -18,9 +18,13 @@ use std::collections::HashMap;
 
 /// Nodes one message may create (each pickle opcode makes at most one).
 const MAX_NODES: usize = 4 << 20;
-/// Values produced when the result is expanded (shared references count each time they
-/// appear, so a small pickle cannot expand into an exponential tree).
-const MAX_EXPANDED: usize = 16 << 20;
+/// Bytes the expanded result may take: each value its own size plus its text or bytes, counted
+/// each time a shared reference repeats it (so a small pickle cannot expand into an
+/// exponential tree, nor a big string memoized once into a thousand copies). SGLang's largest
+/// messages expand to well under 1 MiB.
+const MAX_EXPANDED_BYTES: usize = 16 << 20;
+/// What one expanded value costs before its payload.
+const VALUE_BYTES: usize = std::mem::size_of::<PyValue>();
 /// Nesting of the expanded result; deeper (or cyclic) values are cut with an error.
 const MAX_DEPTH: usize = 128;
 
@@ -219,7 +223,7 @@ struct Machine<'a> {
 
 /// Decode one pickle. `buffers` are the out-of-band buffers sent next to it (protocol 5).
 pub fn loads(data: &[u8], buffers: &[Vec<u8>]) -> Result<PyValue, PickleError> {
-    loads_within(data, buffers, MAX_EXPANDED)
+    loads_within(data, buffers, MAX_EXPANDED_BYTES)
 }
 
 fn loads_within(
@@ -237,6 +241,11 @@ fn loads_within(
         next_buffer: 0,
     };
     let top = m.run()?;
+    // Sized first, without allocating: a pickle whose result would not fit costs nothing.
+    let mut sizes = vec![None; m.nodes.len()];
+    if m.expanded_size(top, 0, &mut sizes)? > max_expanded {
+        return Err(PickleError::TooLarge("expanded result"));
+    }
     let mut budget = max_expanded;
     m.expand(top, 0, &mut budget)
 }
@@ -683,12 +692,54 @@ impl Machine<'_> {
         }
     }
 
+    /// The bytes `expand` would charge for node `id` (saturating), each node sized once.
+    fn expanded_size(
+        &self,
+        id: usize,
+        depth: usize,
+        sizes: &mut [Option<usize>],
+    ) -> Result<usize, PickleError> {
+        if depth > MAX_DEPTH {
+            return Err(PickleError::TooDeep);
+        }
+        if let Some(known) = sizes.get(id).copied().flatten() {
+            return Ok(known);
+        }
+        let mut sum = |ids: &mut dyn Iterator<Item = usize>| -> Result<usize, PickleError> {
+            let mut total = VALUE_BYTES;
+            for child in ids {
+                total = total.saturating_add(self.expanded_size(child, depth + 1, sizes)?);
+            }
+            Ok(total)
+        };
+        let size = match &self.nodes[id] {
+            Node::Leaf(v) => VALUE_BYTES.saturating_add(payload_len(v)),
+            Node::List(ids) | Node::Tuple(ids) | Node::Set(ids) => sum(&mut ids.iter().copied())?,
+            Node::Dict(pairs) => sum(&mut pairs.iter().flat_map(|&(k, v)| [k, v]))?,
+            Node::Object {
+                callable,
+                args,
+                state,
+                items,
+                entries,
+            } => sum(&mut [*callable, *args]
+                .into_iter()
+                .chain(*state)
+                .chain(items.iter().copied())
+                .chain(entries.iter().flat_map(|&(k, v)| [k, v])))?,
+        };
+        if let Some(slot) = sizes.get_mut(id) {
+            *slot = Some(size);
+        }
+        Ok(size)
+    }
+
     fn expand(&self, id: usize, depth: usize, budget: &mut usize) -> Result<PyValue, PickleError> {
         if depth > MAX_DEPTH {
             return Err(PickleError::TooDeep);
         }
         *budget = budget
-            .checked_sub(1)
+            .checked_sub(VALUE_BYTES)
             .ok_or(PickleError::TooLarge("expanded result"))?;
         let many = |ids: &[usize], budget: &mut usize| -> Result<Vec<PyValue>, PickleError> {
             ids.iter()
@@ -707,13 +758,8 @@ impl Machine<'_> {
         };
         Ok(match &self.nodes[id] {
             Node::Leaf(v) => {
-                let size = match v {
-                    PyValue::Str(s) => s.len(),
-                    PyValue::Bytes(b) | PyValue::BigInt(b) => b.len(),
-                    _ => 0,
-                } / 64;
                 *budget = budget
-                    .checked_sub(size)
+                    .checked_sub(payload_len(v))
                     .ok_or(PickleError::TooLarge("expanded result"))?;
                 v.clone()
             }
@@ -738,6 +784,15 @@ impl Machine<'_> {
                 entries: pairs(entries, budget)?,
             },
         })
+    }
+}
+
+/// The text or bytes a leaf value carries (its copy's cost on top of the value itself).
+fn payload_len(v: &PyValue) -> usize {
+    match v {
+        PyValue::Str(s) => s.len(),
+        PyValue::Bytes(b) | PyValue::BigInt(b) => b.len(),
+        _ => 0,
     }
 }
 
@@ -1090,6 +1145,21 @@ mod tests {
         p.push(b'.');
         assert_eq!(
             loads_within(&p, &[], 100_000),
+            Err(PickleError::TooLarge("expanded result"))
+        );
+        assert_eq!(
+            loads(&p, &[]),
+            Err(PickleError::TooLarge("expanded result"))
+        );
+        // A megabyte string memoized once and referenced a hundred times over.
+        let mut p = vec![0x80, 4, 0x8d];
+        p.extend_from_slice(&(1u64 << 20).to_le_bytes());
+        p.extend(std::iter::repeat_n(b'x', 1 << 20));
+        p.extend_from_slice(&[0x94, b'(']);
+        p.extend(std::iter::repeat_n([b'h', 0], 100).flatten());
+        p.extend_from_slice(b"l.");
+        assert_eq!(
+            loads(&p, &[]),
             Err(PickleError::TooLarge("expanded result"))
         );
         // Deep nesting fails cleanly.

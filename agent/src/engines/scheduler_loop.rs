@@ -442,9 +442,9 @@ fn request_view(
         _ => None,
     };
     // The decode batches that held the request: (scheduling iteration, result iteration).
-    let mut batches: Vec<(usize, Option<usize>)> = decode
+    let mut batches: Vec<(usize, usize)> = decode
         .iter()
-        .filter_map(|&j| Some((batch_of(j)?, Some(j))))
+        .filter_map(|&j| Some((batch_of(j)?, j)))
         .collect();
     // The overlap loop schedules the next batch before it learns the request finished, and
     // that batch still holds it unless the loop knew its next token was its last
@@ -453,7 +453,7 @@ fn request_view(
     if r.overlap && !r.finishes_by_length && l.end_of(final_iteration + 1, handed_over).is_some() {
         let next = final_iteration + 1;
         if !matches!(l.line_of(next), Some(StatsLine::Prefill { .. })) {
-            batches.push((final_iteration, Some(next)));
+            batches.push((final_iteration, next));
         }
     }
     let first_batch = batches.first().and_then(|&(b, _)| marker(b));
@@ -496,7 +496,7 @@ fn request_view(
             ns,
             bid: batch_id(r.scheduler, ns),
             forward_mode: "decode",
-            batch_size: result.and_then(|j| size_in(j, false)),
+            batch_size: size_in(result, false),
         });
     }
     Some(LoopView {
@@ -552,6 +552,20 @@ mod tests {
         ns
     }
 
+    /// A request scheduled for prefill in iteration 10 (0.2 ms after its marker) whose prefill
+    /// result iteration 11 processed (overlap), with its final output and tokens.
+    fn request(final_output_ns: u64, completion_tokens: u64) -> RequestSteps {
+        RequestSteps {
+            scheduler: SCHEDULER,
+            forward_entry_ns: marker(10) + 200 * US,
+            prefill_end_ns: marker(11) + 3 * MS,
+            final_output_ns,
+            completion_tokens,
+            finishes_by_length: false,
+            overlap: true,
+        }
+    }
+
     #[test]
     fn the_pair_of_mailboxes_is_learnt_and_each_iteration_marked() {
         let loops = loops_with(20);
@@ -572,15 +586,7 @@ mod tests {
         // one's output sent at 3 ms into iteration 15.
         let final_output = marker(15) + 3 * MS;
         loops.output_sent(SCHEDULER, final_output);
-        let r = RequestSteps {
-            scheduler: SCHEDULER,
-            forward_entry_ns: marker(10) + 200 * US,
-            prefill_end_ns: marker(11) + 3 * MS,
-            final_output_ns: final_output,
-            completion_tokens: 5,
-            finishes_by_length: false,
-            overlap: true,
-        };
+        let r = request(final_output, 5);
         let view = loops.view(&r, &same).expect("placed");
         // Ends: the next iteration's first poll, the last one its output.
         let next_start = |k: u64| 100 * MS + k * 4 * MS - US;
@@ -640,15 +646,7 @@ mod tests {
         );
         let final_output = marker(14) + 2 * MS;
         loops.output_sent(SCHEDULER, final_output);
-        let r = RequestSteps {
-            scheduler: SCHEDULER,
-            forward_entry_ns: marker(10) + 200 * US,
-            prefill_end_ns: marker(11) + 3 * MS,
-            final_output_ns: final_output,
-            completion_tokens: 3,
-            finishes_by_length: false,
-            overlap: true,
-        };
+        let r = request(final_output, 3);
         let view = loops.view(&r, &same).expect("placed");
         assert_eq!(view.decode_waiting_end, Some(marker(12)));
         assert_eq!(view.decode_ends.len(), 2);
@@ -684,13 +682,8 @@ mod tests {
             Some(handed_over)
         );
         let r = RequestSteps {
-            scheduler: SCHEDULER,
-            forward_entry_ns: marker(10) + 200 * US,
-            prefill_end_ns: marker(11) + 3 * MS,
-            final_output_ns: handed_over,
-            completion_tokens: 4,
             finishes_by_length: true,
-            overlap: true,
+            ..request(handed_over, 4)
         };
         let view = loops.view(&r, &same).expect("placed");
         assert_eq!(view.decode_ends.last(), Some(&handed_over));
