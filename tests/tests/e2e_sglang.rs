@@ -7,7 +7,10 @@
 //! infertrace's spans are compared with SGLang's own (tests/src/sglang_truth.rs): every request
 //! span, nothing invented (health checks left out), tokens and finish reasons equal, latencies
 //! within 1 ms at p50 and 5 ms at p99 (plus SGLang's own dispatch lag where its spans
-//! show one, see `sglang_truth::LATE_DISPATCH_S`), the scheduler's own stage edges to float precision; the agent's request
+//! show one, see `sglang_truth::LATE_DISPATCH_S`), the scheduler's own stage edges to float precision; the stages
+//! SGLang times inside its scheduler (decode_loop, decode_waiting, chunked_prefill, `schedule`
+//! events), which infertrace rebuilds from the scheduler's loop, compared one for one
+//! (`sglang_truth::compare_loop_stages`); the agent's request
 //! counters equal SGLang's `/metrics` over the run, and its snapshot counters the statistics
 //! reports in SGLang's log file over the same run.
 //!
