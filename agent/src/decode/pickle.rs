@@ -246,8 +246,7 @@ fn loads_within(
     if m.expanded_size(top, 0, &mut sizes)? > max_expanded {
         return Err(PickleError::TooLarge("expanded result"));
     }
-    let mut budget = max_expanded;
-    m.expand(top, 0, &mut budget)
+    m.expand(top, 0)
 }
 
 impl Machine<'_> {
@@ -734,39 +733,25 @@ impl Machine<'_> {
         Ok(size)
     }
 
-    fn expand(&self, id: usize, depth: usize, budget: &mut usize) -> Result<PyValue, PickleError> {
+    /// The value of node `id`, once `expanded_size` has found the whole result within bounds.
+    fn expand(&self, id: usize, depth: usize) -> Result<PyValue, PickleError> {
         if depth > MAX_DEPTH {
             return Err(PickleError::TooDeep);
         }
-        *budget = budget
-            .checked_sub(VALUE_BYTES)
-            .ok_or(PickleError::TooLarge("expanded result"))?;
-        let many = |ids: &[usize], budget: &mut usize| -> Result<Vec<PyValue>, PickleError> {
-            ids.iter()
-                .map(|&i| self.expand(i, depth + 1, budget))
-                .collect()
+        let many = |ids: &[usize]| -> Result<Vec<PyValue>, PickleError> {
+            ids.iter().map(|&i| self.expand(i, depth + 1)).collect()
         };
-        let pairs = |ids: &[(usize, usize)], budget: &mut usize| {
+        let pairs = |ids: &[(usize, usize)]| {
             ids.iter()
-                .map(|&(k, v)| {
-                    Ok((
-                        self.expand(k, depth + 1, budget)?,
-                        self.expand(v, depth + 1, budget)?,
-                    ))
-                })
+                .map(|&(k, v)| Ok((self.expand(k, depth + 1)?, self.expand(v, depth + 1)?)))
                 .collect::<Result<Vec<_>, PickleError>>()
         };
         Ok(match &self.nodes[id] {
-            Node::Leaf(v) => {
-                *budget = budget
-                    .checked_sub(payload_len(v))
-                    .ok_or(PickleError::TooLarge("expanded result"))?;
-                v.clone()
-            }
-            Node::List(ids) => PyValue::List(many(ids, budget)?),
-            Node::Tuple(ids) => PyValue::Tuple(many(ids, budget)?),
-            Node::Set(ids) => PyValue::Set(many(ids, budget)?),
-            Node::Dict(ids) => PyValue::Dict(pairs(ids, budget)?),
+            Node::Leaf(v) => v.clone(),
+            Node::List(ids) => PyValue::List(many(ids)?),
+            Node::Tuple(ids) => PyValue::Tuple(many(ids)?),
+            Node::Set(ids) => PyValue::Set(many(ids)?),
+            Node::Dict(ids) => PyValue::Dict(pairs(ids)?),
             Node::Object {
                 callable,
                 args,
@@ -774,14 +759,14 @@ impl Machine<'_> {
                 items,
                 entries,
             } => PyValue::Object {
-                callable: Box::new(self.expand(*callable, depth + 1, budget)?),
-                args: Box::new(self.expand(*args, depth + 1, budget)?),
+                callable: Box::new(self.expand(*callable, depth + 1)?),
+                args: Box::new(self.expand(*args, depth + 1)?),
                 state: match state {
-                    Some(s) => Some(Box::new(self.expand(*s, depth + 1, budget)?)),
+                    Some(s) => Some(Box::new(self.expand(*s, depth + 1)?)),
                     None => None,
                 },
-                items: many(items, budget)?,
-                entries: pairs(entries, budget)?,
+                items: many(items)?,
+                entries: pairs(entries)?,
             },
         })
     }
