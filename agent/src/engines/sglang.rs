@@ -16,7 +16,7 @@
 //! where its eventfds show it (`handoff`: a message taken over by main's event loop or the
 //! scheduler's loop, a message handed to the I/O thread); the scheduler's time stats are its
 //! `time.perf_counter()`, the same clock, in seconds.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{
     handoff::{HandoffStats, Handoffs},
@@ -326,7 +326,7 @@ pub struct SglangTracker {
     /// Main processes' `--stream-interval`, from their command lines.
     stream_intervals: HashMap<u32, u64>,
     /// Main processes whose schedulers do not run the overlap loop.
-    no_overlap: HashMap<u32, bool>,
+    no_overlap: HashSet<u32>,
     loops: SchedulerLoops,
     in_flight: InFlight<SglangTimeline>,
     joiner: Joiner<SglangTimeline>,
@@ -348,7 +348,7 @@ impl Default for SglangTracker {
             decoder: SglangDecoder::default(),
             ranks: HashMap::new(),
             stream_intervals: HashMap::new(),
-            no_overlap: HashMap::new(),
+            no_overlap: HashSet::new(),
             loops: SchedulerLoops::default(),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
             joiner: Joiner::default(),
@@ -428,7 +428,7 @@ impl SglangTracker {
                     self.stream_intervals.insert(info.pid, interval);
                 }
                 if server_overlaps(&info.cmdline) == Some(false) {
-                    self.no_overlap.insert(info.pid, true);
+                    self.no_overlap.insert(info.pid);
                 }
             }
             Decoded::Zmtp {
@@ -482,7 +482,7 @@ impl SglangTracker {
                 }
                 self.stats.requests += 1;
                 let mut timeline = SglangTimeline::new(&r, tgid, first_ns);
-                timeline.overlap = !self.no_overlap.contains_key(&tgid);
+                timeline.overlap = !self.no_overlap.contains(&tgid);
                 timeline.stream_interval = r
                     .sampling
                     .stream_interval

@@ -424,26 +424,22 @@ fn scheduler_stages(
             times.prefill_finished.map(mono),
         ),
     ];
+    let mut prefill = None;
     for (name, start, end) in stages {
         if let (Some(start), Some(end)) = (start, end) {
             let stage = b.stage(name, start, end, scheduler, Vec::new());
-            if let (Some(prefill), Some(view)) =
-                (stage.filter(|_| name == "prefill_forward"), &t.loop_view)
-                && !view.chunk_ends.is_empty()
-            {
-                // One span per chunk, from the forward entry to the prefill's end.
-                let ends = view
-                    .chunk_ends
-                    .iter()
-                    .map(|&ns| clock.unix_ns(ns))
-                    .chain([end]);
-                let mut from = start;
-                for to in ends {
-                    b.stage("chunked_prefill", from, to, prefill, Vec::new());
-                    from = to;
-                }
+            if name == "prefill_forward" {
+                prefill = stage.map(|id| (id, start, end));
             }
         }
+    }
+    // One span per prefill chunk, from the forward entry to the prefill's end.
+    if let (Some((id, start, end)), Some(view)) = (prefill, &t.loop_view)
+        && !view.chunk_ends.is_empty()
+    {
+        let ends = view.chunk_ends.iter().map(|&ns| clock.unix_ns(ns));
+        let chunks = ends.chain([end]).map(|to| (to, Vec::new()));
+        b.chain("chunked_prefill", start, chunks, id);
     }
     // Decode: from the prefill's end (or the first output of a streamed request), or from its
     // first decode batch when that came later (decode_waiting), to the final output; one
@@ -478,28 +474,30 @@ fn scheduler_stages(
     let first_loop_start = view
         .and_then(|v| v.first_loop_start)
         .map_or(start, |ns| clock.unix_ns(ns));
-    if t.stream {
-        let mut from = first_loop_start;
-        for (ct, &to) in steps.iter().skip(1).enumerate() {
-            let mut attributes: Attributes = vec![("decode_ct", (ct as i64).into())];
+    // Each loop ends at the output it sent (streamed), else where the loop processed its step.
+    let ends: Vec<u64> = match (t.stream, view) {
+        (true, _) => steps.iter().skip(1).copied().collect(),
+        (false, Some(view)) => view
+            .decode_ends
+            .iter()
+            .map(|&ns| clock.unix_ns(ns))
+            .collect(),
+        (false, None) => Vec::new(),
+    };
+    let loops = ends.into_iter().enumerate().map(|(ct, to)| {
+        let mut attributes: Attributes = vec![("decode_ct", (ct as i64).into())];
+        // What ran between two outputs is known per output, so per loop only when streamed.
+        if t.stream {
             if let Some(Some(launched)) = t.gpu_per_output.get(ct + 1) {
                 gpu::iteration_attributes(&mut attributes, launched);
             }
             if let Some(Some(samples)) = t.python_per_output.get(ct + 1) {
                 python_samples::iteration_attributes(&mut attributes, samples);
             }
-            b.stage("decode_loop", from, to, decode, attributes);
-            from = to;
         }
-    } else if let Some(view) = view {
-        let mut from = first_loop_start;
-        for (ct, &to) in view.decode_ends.iter().enumerate() {
-            let to = clock.unix_ns(to);
-            let attributes: Attributes = vec![("decode_ct", (ct as i64).into())];
-            b.stage("decode_loop", from, to, decode, attributes);
-            from = to;
-        }
-    }
+        (to, attributes)
+    });
+    b.chain("decode_loop", first_loop_start, loops, decode);
 }
 
 /// The spec's level of each native stage span (SGLang's `RequestStage` table): a stage above
@@ -590,6 +588,21 @@ impl Children<'_> {
             span.error = error;
         }
         id
+    }
+
+    /// Consecutive stages `name` under `parent`: the first from `from`, each to its end and the
+    /// next from there.
+    fn chain(
+        &mut self,
+        name: &'static str,
+        mut from: u64,
+        ends: impl IntoIterator<Item = (u64, Attributes)>,
+        parent: [u8; 8],
+    ) {
+        for (to, attributes) in ends {
+            self.stage(name, from, to, parent, attributes);
+            from = to;
+        }
     }
 
     /// A stage span, unless its level is above the trace level. Decode loops and prefill
