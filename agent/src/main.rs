@@ -121,6 +121,11 @@ struct CaptureArgs {
     /// wake-ups, or at the socket write.
     #[arg(long)]
     no_zmq_probe: bool,
+    /// Do not probe CPython's pickle.dumps in SGLang's main process (whose entry times the
+    /// start of each request's dispatch to the scheduler: SGLang's api_server_dispatch stage;
+    /// without it the tokenize span covers that stage).
+    #[arg(long)]
+    no_pickle_probe: bool,
     #[command(flatten)]
     output: OutputArgs,
 }
@@ -319,6 +324,7 @@ impl CaptureArgs {
                     hz: self.python_sample_hz,
                 },
                 no_zmq_probe: self.no_zmq_probe,
+                no_pickle_probe: self.no_pickle_probe,
             },
             poll_interval: Duration::from_millis(self.poll_ms.clamp(1, 10_000)),
             duration,
@@ -495,7 +501,8 @@ fn results(pipeline: &Pipeline) -> String {
              unfinished at the end, {} dropped (too many in flight), {} scheduler log lines \
              read ({} statistics reports), {} retractions placed ({} whose request was not \
              certain left out), {} scheduler loop iterations followed, decode steps and batches \
-             placed for {} requests ({} left out: not shown whole by the loop)",
+             placed for {} requests ({} left out: not shown whole by the loop), dispatch start \
+             seen for {} requests ({} without: main's serialization not probed or not certain)",
             g.requests,
             g.outputs,
             g.undecodable,
@@ -509,7 +516,9 @@ fn results(pipeline: &Pipeline) -> String {
             g.retractions_unplaced,
             g.loop_iterations,
             g.loop_requests_placed,
-            g.loop_requests_not_placed
+            g.loop_requests_not_placed,
+            g.dispatch_starts,
+            g.dispatch_starts_unknown
         ),
         None => {
             let t = pipeline.tracker_stats();

@@ -34,6 +34,9 @@ pub mod kind {
     pub const ZMQ_SEND: u32 = 12;
     /// A tracked process polled a captured eventfd (a libzmq mailbox) ([`MailboxPollRecord`]).
     pub const MAILBOX_POLL: u32 = 13;
+    /// An application thread began serializing a message with CPython's `pickle.dumps`
+    /// (header only; `header.ts_ns` is the call's entry).
+    pub const PICKLE_DUMPS: u32 = 14;
 }
 
 /// The probed CUDA driver entry points (every `_v2`/`_ptsz` variant maps to its base), as

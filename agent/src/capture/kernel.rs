@@ -30,12 +30,15 @@ const CUDA_RETURN: &str = "cuda_return";
 /// The uprobe programs of libzmq's `zmq_msg_send`.
 const ZMQ_ENTER: &str = "zmq_send_enter";
 const ZMQ_RETURN: &str = "zmq_send_return";
+/// The uprobe program of CPython's `pickle.dumps`.
+const PICKLE_DUMPS: &str = "pickle_dumps_enter";
 
 /// A library whose functions the agent probes in traced processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ProbedLibrary {
     CudaDriver,
     Libzmq,
+    CpythonPickle,
 }
 
 /// The committed, debug-stripped eBPF object (rebuilt by `cargo xtask build-ebpf`).
@@ -87,6 +90,9 @@ pub struct KernelOptions {
     /// Leave traced processes' libzmq unprobed (their sends are then timed by the I/O
     /// thread's mailbox write, or its write to the socket).
     pub no_zmq_probe: bool,
+    /// Leave SGLang main processes' `pickle.dumps` unprobed (no `api_server_dispatch`: the
+    /// `tokenize` span then covers it).
+    pub no_pickle_probe: bool,
 }
 
 impl Default for KernelOptions {
@@ -97,6 +103,7 @@ impl Default for KernelOptions {
             cuda: CudaOptions::default(),
             python: PythonOptions::default(),
             no_zmq_probe: false,
+            no_pickle_probe: false,
         }
     }
 }
@@ -263,6 +270,18 @@ impl KernelCapture {
             .flat_map(|site| [(ZMQ_ENTER, site, None), (ZMQ_RETURN, site, None)])
             .collect();
         self.attach_uprobes(pid, ProbedLibrary::Libzmq, libzmq, &probes)
+    }
+
+    /// Attach the serialization probe (entry only) to CPython's `pickle.dumps` at `sites` of
+    /// the library at `path`, for process `pid` only.
+    pub fn probe_pickle(
+        &mut self,
+        pid: u32,
+        path: &Path,
+        sites: &[ProbeSite],
+    ) -> anyhow::Result<usize> {
+        let probes: Vec<_> = sites.iter().map(|site| (PICKLE_DUMPS, site, None)).collect();
+        self.attach_uprobes(pid, ProbedLibrary::CpythonPickle, path, &probes)
     }
 
     /// Attach uprobes (program, site, cookie) to the library at `path` for process `pid`

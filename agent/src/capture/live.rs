@@ -13,6 +13,7 @@ use super::{
     clock::{self, ClockWatch},
     cuda_watch::{CudaDriver, CudaWatch},
     kernel::{KernelCapture, KernelOptions},
+    pickle_watch::{CpythonPickle, PickleWatch},
     python_watch::PythonWatch,
     records,
     zmq_watch::{Libzmq, ZmqWatch},
@@ -40,6 +41,8 @@ pub struct LiveCapture {
     pub cuda: CudaWatch,
     /// Traced processes' libzmq: its sends probed.
     pub zmq: ZmqWatch,
+    /// SGLang main processes' `pickle.dumps`: when each request's dispatch began.
+    pub pickle: PickleWatch,
     /// Traced Python processes: sampled, their stacks named.
     pub python: PythonWatch,
     roles: Roles,
@@ -69,6 +72,9 @@ impl LiveCapture {
         let mut zmq = ZmqWatch::new(Libzmq {
             off: options.no_zmq_probe,
         });
+        let mut pickle = PickleWatch::new(CpythonPickle {
+            off: options.no_pickle_probe,
+        });
         let mut python = PythonWatch::start(options.python, &mut kernel);
         let mut events = Vec::new();
         for &pid in pids {
@@ -76,6 +82,7 @@ impl LiveCapture {
                 kernel.track(member)?;
                 cuda.watch(member);
                 zmq.watch(member);
+                pickle.watch(member);
                 python.watch(member, &mut kernel);
                 if let Some(info) = process_info(member) {
                     events.push(CaptureEvent::Process(info));
@@ -91,6 +98,7 @@ impl LiveCapture {
                 kernel,
                 cuda,
                 zmq,
+                pickle,
                 python,
                 roles: Roles::default(),
                 sockets: SocketLookup::default(),
@@ -111,6 +119,7 @@ impl LiveCapture {
     pub fn poll(&mut self, out: &mut Vec<CaptureEvent>) -> bool {
         self.cuda.look(&mut self.kernel);
         self.zmq.look(&mut self.kernel);
+        self.pickle.look(&mut self.kernel);
         let mut parsed = Vec::new();
         let mut bad = 0;
         let n = self
@@ -182,6 +191,7 @@ impl LiveCapture {
                     Some(tgid) if tgid == *child => {
                         self.cuda.watch(*child);
                         self.zmq.watch(*child);
+                        self.pickle.watch(*child);
                         self.python.watch(*child, &mut self.kernel);
                         if let Some(info) = process_info(*child) {
                             out.push(CaptureEvent::Process(info));
@@ -196,6 +206,8 @@ impl LiveCapture {
                 self.cuda.watch(header.tgid);
                 self.zmq.forget(header.tgid, &mut self.kernel);
                 self.zmq.watch(header.tgid);
+                self.pickle.forget(header.tgid, &mut self.kernel);
+                self.pickle.watch(header.tgid);
                 self.python.forget(header.tgid, &mut self.kernel);
                 self.python.watch(header.tgid, &mut self.kernel);
                 if let Some(info) = process_info(header.tgid) {
@@ -206,6 +218,7 @@ impl LiveCapture {
                 self.roles.forget(header.tgid);
                 self.cuda.forget(header.tgid, &mut self.kernel);
                 self.zmq.forget(header.tgid, &mut self.kernel);
+                self.pickle.forget(header.tgid, &mut self.kernel);
                 self.python.forget(header.tgid, &mut self.kernel);
                 self.sockets.forget(header.tgid);
                 self.kernel.forget_process(header.tgid);
@@ -217,7 +230,8 @@ impl LiveCapture {
             | Record::CudaCall(_)
             | Record::CudaName(_)
             | Record::ZmqSend(_)
-            | Record::MailboxPoll(_) => {}
+            | Record::MailboxPoll(_)
+            | Record::PickleDumps { .. } => {}
             Record::PySample(sample) => self.python.sample(sample, &mut self.kernel, out),
         }
     }

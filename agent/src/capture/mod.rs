@@ -6,6 +6,7 @@ pub mod cuda_watch;
 pub mod kernel;
 pub mod library_watch;
 pub mod live;
+pub mod pickle_watch;
 pub mod python_watch;
 pub mod recording;
 pub mod records;

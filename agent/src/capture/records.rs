@@ -55,6 +55,8 @@ pub enum Record {
     ZmqSend(ZmqSendRecord),
     /// A thread polled a captured eventfd (a libzmq mailbox).
     MailboxPoll(MailboxPollRecord),
+    /// A thread entered CPython's `pickle.dumps`.
+    PickleDumps { header: RecordHeader },
 }
 
 impl Record {
@@ -65,7 +67,8 @@ impl Record {
             | Record::Exit { header }
             | Record::NewFd { header, .. }
             | Record::Close { header, .. }
-            | Record::Poll { header, .. } => header,
+            | Record::Poll { header, .. }
+            | Record::PickleDumps { header } => header,
             Record::Io { io, .. } => &io.header,
             Record::CudaStep(r) => &r.header,
             Record::CudaCall(r) => &r.header,
@@ -149,6 +152,7 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
         kind::PY_SAMPLE => Ok(Record::PySample(read(bytes)?)),
         kind::ZMQ_SEND => Ok(Record::ZmqSend(read(bytes)?)),
         kind::MAILBOX_POLL => Ok(Record::MailboxPoll(read(bytes)?)),
+        kind::PICKLE_DUMPS => Ok(Record::PickleDumps { header }),
         other => Err(RecordError::UnknownKind(other)),
     }
 }
@@ -235,6 +239,7 @@ pub fn encode(record: &Record) -> Vec<u8> {
         Record::PySample(r) => bytes_of(r),
         Record::ZmqSend(r) => bytes_of(r),
         Record::MailboxPoll(r) => bytes_of(r),
+        Record::PickleDumps { header } => bytes_of(header),
     }
 }
 
@@ -384,6 +389,12 @@ mod tests {
                 timeout_ms: 1000,
                 second_fd: 69,
             }),
+            Record::PickleDumps {
+                header: RecordHeader {
+                    kind: kind::PICKLE_DUMPS,
+                    ..header
+                },
+            },
         ];
         for record in records {
             assert_eq!(parse(&encode(&record)).unwrap(), record);

@@ -54,6 +54,8 @@ pub enum Decoded {
     PySample(Box<PySample>),
     /// An application thread handed a message to libzmq (the `zmq_msg_send` probe).
     Handover(Handover),
+    /// An application thread began serializing a message (the `pickle.dumps` probe).
+    Serializing(Serializing),
     /// A line a process wrote to its log (stdout or stderr).
     Log(LogLine),
     /// The wall clock moved against the capture clock.
@@ -133,6 +135,15 @@ pub struct Handover {
     pub size: u32,
 }
 
+/// A thread entered CPython's `pickle.dumps`: it began serializing something, in SGLang's
+/// main process a message it is about to send (engines/dispatch_start.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Serializing {
+    pub tgid: u32,
+    pub tid: u32,
+    pub ns: u64,
+}
+
 impl Decoded {
     /// Decoded from captured bytes (not the note of a process or of a loop's wait).
     pub fn is_message(&self) -> bool {
@@ -144,6 +155,7 @@ impl Decoded {
                 | Decoded::Cuda(_)
                 | Decoded::PySample(_)
                 | Decoded::Handover(_)
+                | Decoded::Serializing(_)
                 | Decoded::Clock(_)
         )
     }
@@ -163,6 +175,7 @@ impl Decoded {
             Decoded::MailboxPoll(p) => p.ns,
             // Its call began before any write of its message: sorted ahead of them.
             Decoded::Handover(h) => h.enter_ns,
+            Decoded::Serializing(s) => s.ns,
             // Known before any message: sorted first.
             Decoded::Process(_) => 0,
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
@@ -195,6 +208,7 @@ impl Decoded {
             Decoded::Cuda(CudaEvent::Exited { ns, .. }) => *ns,
             Decoded::PySample(sample) => sample.ns,
             Decoded::Handover(h) => h.ns,
+            Decoded::Serializing(s) => s.ns,
             Decoded::Log(log) => log.ns,
             Decoded::Clock(moved) => moved.monotonic_ns,
         }
@@ -545,6 +559,13 @@ impl FlowTable {
                 ns: r.header.ts_ns,
                 size: r.size,
             })),
+            CaptureEvent::Kernel(Record::PickleDumps { header }) => {
+                out.push(Decoded::Serializing(Serializing {
+                    tgid: header.tgid,
+                    tid: header.tid,
+                    ns: header.ts_ns,
+                }));
+            }
             CaptureEvent::Kernel(Record::MailboxPoll(r)) => {
                 let watched = self
                     .flows

@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 pub use super::uprobe_sites::ProbeSite;
-use super::uprobe_sites::{self, SitesError};
+use super::uprobe_sites::{self, SitesError, Symbols};
 
 /// What the driver library's file name starts with (`libcuda.so.1`, `libcuda.so.550.54.15`).
 const DRIVER_PREFIX: &str = "libcuda.so";
@@ -57,13 +57,14 @@ pub fn driver_of(pid: u32) -> Option<PathBuf> {
 /// The probe sites of a driver library's bytes: every exported variant of every probed
 /// function that is defined in it, once per address (versioned aliases share one).
 pub fn probe_sites(elf: &[u8]) -> Result<Vec<ProbeSite>, object::Error> {
-    uprobe_sites::sites(elf, probed_function)
+    uprobe_sites::sites(elf, Symbols::Exported, probed_function)
 }
 
 /// The probe sites of the driver library at `path`.
 pub fn probe_sites_of(path: &Path) -> Result<Vec<ProbeSite>, SitesError> {
     uprobe_sites::sites_of(
         path,
+        Symbols::Exported,
         probed_function,
         "any of the CUDA driver functions infertrace probes",
     )

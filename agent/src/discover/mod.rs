@@ -3,6 +3,7 @@ pub mod btf;
 pub mod cuda;
 pub mod engine;
 pub mod gpu;
+pub mod pickle;
 pub mod procfs;
 pub mod python;
 pub mod sockets;

@@ -1,7 +1,7 @@
 //! Where to attach uprobes in a library that a traced process maps: the library's file (from
 //! the process's maps, read through `/proc/PID/root` so that a path inside a container
-//! resolves), the file offsets of the exported functions probed, and what a uprobe on each
-//! will cost.
+//! resolves), the file offsets of the functions probed (exported ones, or static ones from
+//! the full symbol table of a library that kept it), and what a uprobe on each will cost.
 //!
 //! A uprobe's cost depends on the first instruction of its site: the kernel emulates a `push`,
 //! a no-op or a relative jump or call (about a microsecond per hit on this machine kind), and
@@ -48,6 +48,15 @@ impl SiteCost {
     }
 }
 
+/// Which of a library's symbol tables names the functions probed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Symbols {
+    /// The dynamic symbols: exported functions, there in every build.
+    Exported,
+    /// The full table (`.symtab`), static functions included: only in a file not stripped.
+    All,
+}
+
 /// One place to attach a uprobe: an exported function (a variant of it) and its file offset.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeSite {
@@ -68,32 +77,45 @@ pub enum SitesError {
     Elf(PathBuf, object::Error),
     #[error("{0} does not export {1}")]
     Missing(PathBuf, &'static str),
+    #[error("{0} has no symbol {1} (a stripped build)")]
+    MissingLocal(PathBuf, &'static str),
 }
 
 /// The probe sites of the library at `path` ([`sites`] of its bytes); an error when it has
 /// none (`missing` says what it lacks).
 pub fn sites_of(
     path: &Path,
+    symbols: Symbols,
     probed: impl Fn(&str) -> Option<&'static str>,
     missing: &'static str,
 ) -> Result<Vec<ProbeSite>, SitesError> {
     let bytes = std::fs::read(path).map_err(|e| SitesError::Read(path.to_owned(), e))?;
-    let sites = sites(&bytes, probed).map_err(|e| SitesError::Elf(path.to_owned(), e))?;
+    let sites =
+        sites(&bytes, symbols, probed).map_err(|e| SitesError::Elf(path.to_owned(), e))?;
     if sites.is_empty() {
-        return Err(SitesError::Missing(path.to_owned(), missing));
+        return Err(match symbols {
+            Symbols::Exported => SitesError::Missing(path.to_owned(), missing),
+            Symbols::All => SitesError::MissingLocal(path.to_owned(), missing),
+        });
     }
     Ok(sites)
 }
 
-/// The probe sites of a library's bytes: every exported function defined in it that `probed`
-/// maps to a probed function's name, once per address (versioned aliases share one).
+/// The probe sites of a library's bytes: every function defined in it, named in the
+/// `symbols` table, that `probed` maps to a probed function's name, once per address
+/// (versioned aliases share one).
 pub fn sites(
     elf: &[u8],
+    symbols: Symbols,
     probed: impl Fn(&str) -> Option<&'static str>,
 ) -> Result<Vec<ProbeSite>, object::Error> {
     let file = object::File::parse(elf)?;
+    let table = match symbols {
+        Symbols::Exported => file.dynamic_symbols(),
+        Symbols::All => file.symbols(),
+    };
     let mut sites: Vec<ProbeSite> = Vec::new();
-    for symbol in file.dynamic_symbols() {
+    for symbol in table {
         let (Ok(name), true) = (symbol.name(), symbol.is_definition()) else {
             continue;
         };

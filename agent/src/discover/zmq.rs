@@ -6,7 +6,7 @@
 //! every message part through `zmq_msg_send` (its Cython backend imports no other send).
 use std::path::{Path, PathBuf};
 
-use super::uprobe_sites::{self, ProbeSite, SitesError};
+use super::uprobe_sites::{self, ProbeSite, Symbols, SitesError};
 
 /// What libzmq's file name starts with.
 const LIBZMQ_PREFIX: &str = "libzmq";
@@ -21,7 +21,7 @@ pub fn libzmq_of(pid: u32) -> Option<PathBuf> {
 
 /// The probe site of `zmq_msg_send` in libzmq's bytes.
 pub fn send_sites(elf: &[u8]) -> Result<Vec<ProbeSite>, object::Error> {
-    uprobe_sites::sites(elf, is_send)
+    uprobe_sites::sites(elf, Symbols::Exported, is_send)
 }
 
 fn is_send(name: &str) -> Option<&'static str> {
@@ -30,7 +30,7 @@ fn is_send(name: &str) -> Option<&'static str> {
 
 /// The probe site of `zmq_msg_send` in the library at `path`.
 pub fn send_sites_of(path: &Path) -> Result<Vec<ProbeSite>, SitesError> {
-    uprobe_sites::sites_of(path, is_send, SEND)
+    uprobe_sites::sites_of(path, Symbols::Exported, is_send, SEND)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Per-engine state machines: decoded messages in, finished requests (with every timestamp the
 //! spans need) and engine step reports out; and the engine-neutral GPU launch timeline (`gpu`).
 //! Pure: no I/O, time comes from the captures.
+pub mod dispatch_start;
 pub mod gpu;
 pub mod handoff;
 pub mod in_flight;

@@ -3,8 +3,9 @@
 //!
 //! Each message is captured twice, leaving one process and entering the next; which copy is
 //! used is fixed by class and direction, so nothing counts twice:
-//! - `TokenizedGenerateReqInput` leaving main: the request (`sent_ns`); entering the
-//!   scheduler: when the scheduler got it (`scheduler_recv_ns`).
+//! - `TokenizedGenerateReqInput` leaving main: the request (`sent_ns`; its dispatch began at
+//!   its serialization, `dispatch_start`); entering the scheduler: when the scheduler got it
+//!   (`scheduler_recv_ns`).
 //! - `BatchTokenIDOutput` leaving the scheduler: when the scheduler finished the step that
 //!   produced it (`scheduler_output_ns`), and its time stats as the scheduler wrote them.
 //! - `BatchStrOutput` entering main: what the frontend learnt and when (first output, finish,
@@ -19,6 +20,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{
+    dispatch_start::DispatchStarts,
     handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
     iteration_work::{IterationLaunches, IterationSamples},
@@ -133,6 +135,9 @@ pub struct SglangTimeline {
     pub scheduler_ranks: Option<Ranks>,
     /// Capture time main handed the request to ZeroMQ (first byte sent).
     pub sent_ns: u64,
+    /// Capture time main began serializing it (its `pickle.dumps` entry), when the probe saw
+    /// that the request was its hand-over's one serialization.
+    pub dispatch_start_ns: Option<u64>,
     /// Capture time the scheduler received it (last byte).
     pub scheduler_recv_ns: Option<u64>,
     /// Capture times the scheduler sent each output carrying this request (first byte).
@@ -317,6 +322,10 @@ pub struct SglangStats {
     pub loop_iterations: u64,
     pub loop_requests_placed: u64,
     pub loop_requests_not_placed: u64,
+    /// Requests whose dispatch start main's serialization showed, and those it did not (no
+    /// `pickle.dumps` probe, the hand-over not probed, or not one serialization before it).
+    pub dispatch_starts: u64,
+    pub dispatch_starts_unknown: u64,
 }
 
 pub struct SglangTracker {
@@ -331,6 +340,7 @@ pub struct SglangTracker {
     in_flight: InFlight<SglangTimeline>,
     joiner: Joiner<SglangTimeline>,
     handoffs: Handoffs,
+    dispatch_starts: DispatchStarts,
     now_ns: u64,
     /// The schedulers' statistics reports since the pipeline last took them.
     reports: Vec<DecodeStats>,
@@ -353,6 +363,7 @@ impl Default for SglangTracker {
             in_flight: InFlight::new(MAX_IN_FLIGHT),
             joiner: Joiner::default(),
             handoffs: Handoffs::default(),
+            dispatch_starts: DispatchStarts::default(),
             now_ns: 0,
             reports: Vec::new(),
             early_receipts: HashMap::new(),
@@ -388,7 +399,9 @@ impl SglangTracker {
                         .handed_over(handover.tgid, handover.socket, handover.ns);
                 }
                 self.handoffs.handed_over(handover);
+                self.dispatch_starts.handed_over(handover);
             }
+            Decoded::Serializing(s) => self.dispatch_starts.serializing(s),
             // SGLang's frontend handles an output in the task that read it: the mailbox read
             // is its instant, with no loop iteration to wait for.
             // GPU steps and Python samples go to the pipeline's own stages.
@@ -639,6 +652,12 @@ impl SglangTracker {
         let at = |ns: u64| self.handoffs.taken_at(ns);
         for t in &mut outcome.engine {
             t.sent_ns = at(t.sent_ns);
+            t.dispatch_start_ns = self.dispatch_starts.started(t.frontend_pid, t.sent_ns);
+            if t.dispatch_start_ns.is_some() {
+                self.stats.dispatch_starts += 1;
+            } else {
+                self.stats.dispatch_starts_unknown += 1;
+            }
             t.scheduler_recv_ns = t.scheduler_recv_ns.map(at);
             for ns in &mut t.scheduler_output_ns {
                 *ns = at(*ns);

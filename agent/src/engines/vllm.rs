@@ -395,6 +395,7 @@ impl VllmTracker {
             | Decoded::Cuda(_)
             | Decoded::PySample(_)
             | Decoded::Handover(_)
+            | Decoded::Serializing(_)
             | Decoded::Log(_)
             | Decoded::Clock(_) => {}
         }

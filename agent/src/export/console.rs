@@ -33,13 +33,16 @@ impl Console {
         Self { realtime_offset_ns }
     }
 
-    /// The line for one decoded item; none for a loop's epoll wait or a mailbox poll
-    /// (thousands a second, and only an input to the timing of others) nor a Python stack
-    /// sample (`infertrace profile` and `--profile-output` show those).
+    /// The line for one decoded item; none for a loop's epoll wait, a mailbox poll or the start
+    /// of a serialization (thousands a second, and only an input to the timing of others) nor
+    /// a Python stack sample (`infertrace profile` and `--profile-output` show those).
     pub fn line(&self, decoded: &Decoded) -> Option<String> {
         if matches!(
             decoded,
-            Decoded::LoopWait(_) | Decoded::MailboxPoll(_) | Decoded::PySample(_)
+            Decoded::LoopWait(_)
+                | Decoded::MailboxPoll(_)
+                | Decoded::Serializing(_)
+                | Decoded::PySample(_)
         ) {
             return None;
         }
@@ -88,7 +91,10 @@ impl Console {
                     moved.realtime_minus_monotonic_ns
                 );
             }
-            Decoded::LoopWait(_) | Decoded::MailboxPoll(_) | Decoded::PySample(_) => {}
+            Decoded::LoopWait(_)
+            | Decoded::MailboxPoll(_)
+            | Decoded::Serializing(_)
+            | Decoded::PySample(_) => {}
             Decoded::Cuda(CudaEvent::Step(step)) => {
                 let _ = write!(
                     line,

@@ -5,7 +5,8 @@
 //! chat {model}
 //! └─ " Req <rid[:8]>"                           request span (role empty: not PD)
 //!    ├─ "Tokenizer(host:… | pid:…)"            main process
-//!    │  └─ tokenize                            (+ api_server_dispatch, see below)
+//!    │  ├─ tokenize
+//!    │  └─ api_server_dispatch                 (when main's serialization was seen)
 //!    └─ "Scheduler [TP 0]  [PP 0] (host:… | pid:…)"   scheduler process
 //!       ├─ request_process, prefill_waiting, prefill_forward   (scheduler time stats)
 //!       │                                       └─ chunked_prefill × chunks
@@ -17,9 +18,11 @@
 //! Which instant each edge is (docs/accuracy.md has the measured differences):
 //! - created (request and Tokenizer start): SGLang's own `trace_ctx.start_time_ns` when its
 //!   tracing is on, else the last byte of the HTTP request body, else the request's send.
-//! - dispatched (Tokenizer end): main's ZeroMQ send of the request. SGLang's split between
-//!   `tokenize` and `api_server_dispatch` is not on the wire: the one `tokenize` span covers
-//!   both and says so (`infertrace.includes_dispatch`); no `api_server_dispatch` is invented.
+//! - dispatch start (`tokenize` end, `api_server_dispatch` start): main's entry into
+//!   `pickle.dumps` for the request (`engines::dispatch_start`). Without it (no probe, or a
+//!   recording made before it) the one `tokenize` span covers both and says so
+//!   (`infertrace.includes_dispatch`); no `api_server_dispatch` is invented.
+//! - dispatched (Tokenizer end): main's ZeroMQ send of the request.
 //! - the scheduler's instants (`wait_queue_entry`, `forward_entry`, `prefill_finished`) are
 //!   its own, sent with `--enable-metrics`; without them those three stages are left out.
 //! - scheduler start: its receipt of the request; scheduler end (`decode_forward` end): its
@@ -187,6 +190,8 @@ fn tool_call_attributes(a: &mut Attributes, call: &ApiCall) {
 /// The instants of one request as SGLang defines them, in Unix ns.
 pub struct Instants {
     pub created: u64,
+    /// Main began serializing the request (between `created` and `dispatched`).
+    pub dispatch_start: Option<u64>,
     pub dispatched: u64,
     pub first_token: Option<u64>,
     pub finished: Option<u64>,
@@ -212,8 +217,13 @@ pub fn instants(t: &SglangTimeline, api: Option<&ApiExchange>, clock: &Clock) ->
         .filter(|_| !streamed)
         .map(|s| clock.unix_ns_of_mono_secs(s))
         .filter(|&ts| created < ts && first_output.is_some_and(|f| ts <= f));
+    let dispatch_start = t
+        .dispatch_start_ns
+        .map(|n| clock.unix_ns(n))
+        .filter(|&ns| created <= ns && ns <= dispatched);
     Instants {
         created,
+        dispatch_start,
         dispatched,
         first_token: prefill_end.or(first_output),
         finished: t.finished_ns.map(|n| clock.unix_ns(n)),
@@ -340,13 +350,27 @@ fn request_spans(
         thread_attributes("Tokenizer", host, t.frontend_pid),
         None,
     );
-    b.stage(
-        "tokenize",
-        at.created,
-        at.dispatched,
-        tokenizer,
-        vec![("infertrace.includes_dispatch", true.into())],
-    );
+    match at.dispatch_start {
+        Some(start) => {
+            b.stage("tokenize", at.created, start, tokenizer, Vec::new());
+            b.stage(
+                "api_server_dispatch",
+                start,
+                at.dispatched,
+                tokenizer,
+                Vec::new(),
+            );
+        }
+        None => {
+            b.stage(
+                "tokenize",
+                at.created,
+                at.dispatched,
+                tokenizer,
+                vec![("infertrace.includes_dispatch", true.into())],
+            );
+        }
+    }
     let (Some(pid), Some(recv)) = (t.scheduler_pid, t.scheduler_recv_ns) else {
         return;
     };

@@ -1,0 +1,64 @@
+//! CPython's pickle accelerator as a probed library (capture/library_watch.rs): `pickle.dumps`
+//! in SGLang's main processes only, whose entries time the start of each request's dispatch
+//! (engines/dispatch_start.rs).
+use std::path::{Path, PathBuf};
+
+use super::{
+    kernel::{KernelCapture, ProbedLibrary},
+    library_watch::{LibraryWatch, Probed, report_costs},
+};
+use crate::discover::{
+    engine::{self, Engine, Role},
+    pickle,
+    uprobe_sites::ProbeSite,
+};
+
+/// `off`: leave `pickle.dumps` alone (`--no-pickle-probe`).
+pub struct CpythonPickle {
+    pub off: bool,
+}
+
+pub type PickleWatch = LibraryWatch<CpythonPickle>;
+
+impl Probed for CpythonPickle {
+    const NAME: &'static str = "pickle.dumps";
+    const LIBRARY: ProbedLibrary = ProbedLibrary::CpythonPickle;
+
+    fn off(&self) -> bool {
+        self.off
+    }
+
+    /// Only an SGLang main process: elsewhere `pickle.dumps` marks nothing the agent uses (a
+    /// process spawned by one is looked at again once it has its own title).
+    fn find(pid: u32) -> Option<PathBuf> {
+        if engine::engine_role(pid) != Some((Engine::Sglang, Role::ApiServer)) {
+            return None;
+        }
+        pickle::library_of(pid)
+    }
+
+    fn sites(path: &Path) -> anyhow::Result<Vec<ProbeSite>> {
+        Ok(pickle::dumps_sites_of(path)?)
+    }
+
+    fn choose(&self, path: &Path, sites: &[ProbeSite]) -> Vec<ProbeSite> {
+        // One hit per message main sends (and per request with msgpack IPC).
+        report_costs(
+            Self::NAME,
+            path,
+            sites,
+            false,
+            "; pass --no-pickle-probe to leave it out",
+        );
+        sites.to_vec()
+    }
+
+    fn attach(
+        kernel: &mut KernelCapture,
+        pid: u32,
+        path: &Path,
+        sites: &[ProbeSite],
+    ) -> anyhow::Result<usize> {
+        kernel.probe_pickle(pid, path, sites)
+    }
+}
