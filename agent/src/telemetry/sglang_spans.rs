@@ -350,8 +350,12 @@ fn request_spans(
         thread_attributes("Tokenizer", host, t.frontend_pid),
         None,
     );
+    // SGLang never ends the tokenize stage of an n>1 call's samples and prefix warm-up (each
+    // gets fresh time stats that `set_tokenize_finish_time` never sees): their dispatch stage
+    // opens inside it, as its child, and the tokenize runs to the dispatch's end.
+    let sampled = t.sampling.n.is_some_and(|n| n > 1);
     match at.dispatch_start {
-        Some(start) => {
+        Some(start) if !sampled => {
             b.stage("tokenize", at.created, start, tokenizer, Vec::new());
             b.stage(
                 "api_server_dispatch",
@@ -361,14 +365,23 @@ fn request_spans(
                 Vec::new(),
             );
         }
-        None => {
-            b.stage(
+        _ => {
+            let tokenize = b.stage(
                 "tokenize",
                 at.created,
                 at.dispatched,
                 tokenizer,
                 vec![("infertrace.includes_dispatch", true.into())],
             );
+            if let (Some(tokenize), Some(start)) = (tokenize, at.dispatch_start) {
+                b.nested(
+                    "api_server_dispatch",
+                    start,
+                    at.dispatched,
+                    tokenize,
+                    Vec::new(),
+                );
+            }
         }
     }
     let (Some(pid), Some(recv)) = (t.scheduler_pid, t.scheduler_recv_ns) else {
@@ -629,9 +642,22 @@ impl Children<'_> {
         }
     }
 
+    /// A stage span under another stage, unless its level is above the trace level: it links
+    /// nothing and is not linked to.
+    fn nested(
+        &mut self,
+        name: &'static str,
+        start: u64,
+        end: u64,
+        parent: [u8; 8],
+        attributes: Attributes,
+    ) -> Option<[u8; 8]> {
+        (stage_level(name) <= self.max_level)
+            .then(|| self.push(name.into(), (start, end), parent, attributes, None))
+    }
+
     /// A stage span, unless its level is above the trace level. Decode loops and prefill
-    /// chunks (children of decode_forward and prefill_forward) link nothing and are not linked
-    /// to.
+    /// chunks (children of decode_forward and prefill_forward) are nested stages.
     fn stage(
         &mut self,
         name: &'static str,
@@ -640,11 +666,11 @@ impl Children<'_> {
         parent: [u8; 8],
         attributes: Attributes,
     ) -> Option<[u8; 8]> {
+        if matches!(name, "decode_loop" | "chunked_prefill") {
+            return self.nested(name, start, end, parent, attributes);
+        }
         if stage_level(name) > self.max_level {
             return None;
-        }
-        if matches!(name, "decode_loop" | "chunked_prefill") {
-            return Some(self.push(name.into(), (start, end), parent, attributes, None));
         }
         let link = self.previous_stage;
         let id = self.push(name.into(), (start, end), parent, attributes, link);
@@ -826,6 +852,101 @@ mod tests {
         );
         assert_eq!(get(loops[1], "infertrace.cuda.graph_launches"), None);
         assert_eq!(get(loops[1], "decode_ct"), Some(1i64.into()));
+    }
+
+    #[test]
+    fn the_dispatch_start_splits_tokenize_from_api_server_dispatch_as_sglang_does() {
+        use crate::engines::join::Outcome;
+        use crate::decode::sglang::SglangSampling;
+        const MS: u64 = 1_000_000;
+        let build = |t: SglangTimeline, level| {
+            let trace = Outcome {
+                api: None,
+                engine: vec![t],
+            };
+            spans(
+                &trace,
+                &SpanOptions {
+                    sglang_trace_level: level,
+                    ..SpanOptions::default()
+                },
+                &Clock::fixed(0),
+                &mut IdGenerator::default(),
+            )
+        };
+        let named = |spans: &[Span], name: &str| {
+            spans
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| (s.start_time_unix_nano, s.end_time_unix_nano, s.attributes.len()))
+        };
+        let split = SglangTimeline {
+            trace: None,
+            dispatch_start_ns: Some(99 * MS),
+            ..streamed_three_outputs()
+        };
+        // Created at the send when no HTTP call was seen: the start must lie in between.
+        let created_early = |t: SglangTimeline| SglangTimeline {
+            trace: Some(crate::decode::sglang::TraceContext {
+                start_time_ns: Some(90 * MS),
+                ..Default::default()
+            }),
+            ..t
+        };
+        let spans = build(created_early(split.clone()), 3);
+        assert_eq!(named(&spans, "tokenize"), Some((90 * MS, 99 * MS, 0)));
+        assert_eq!(
+            named(&spans, "api_server_dispatch"),
+            Some((99 * MS, 100 * MS, 0))
+        );
+        // The scheduler's first stage links to it.
+        let dispatch = spans.iter().find(|s| s.name == "api_server_dispatch");
+        let linked: Vec<&str> = spans
+            .iter()
+            .filter(|s| dispatch.is_some_and(|d| s.links == [d.span_id]))
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(linked, ["decode_forward"]);
+        // Level 1: tokenize still ends where the dispatch began; no api_server_dispatch.
+        let spans = build(created_early(split.clone()), 1);
+        assert_eq!(named(&spans, "tokenize"), Some((90 * MS, 99 * MS, 0)));
+        assert_eq!(named(&spans, "api_server_dispatch"), None);
+        let sample = SglangTimeline {
+            sampling: SglangSampling {
+                n: Some(2),
+                ..SglangSampling::default()
+            },
+            ..split.clone()
+        };
+        // An n>1 sample: SGLang never ends its tokenize, which runs to the dispatch's end with
+        // the dispatch inside it, and the scheduler's first stage links to the tokenize.
+        let spans = build(created_early(sample), 3);
+        assert_eq!(named(&spans, "tokenize"), Some((90 * MS, 100 * MS, 1)));
+        assert_eq!(
+            named(&spans, "api_server_dispatch"),
+            Some((99 * MS, 100 * MS, 0))
+        );
+        let tokenize = spans.iter().find(|s| s.name == "tokenize");
+        let dispatch = spans.iter().find(|s| s.name == "api_server_dispatch");
+        assert_eq!(
+            dispatch.and_then(|d| d.parent_span_id),
+            tokenize.map(|t| t.span_id)
+        );
+        assert!(dispatch.is_some_and(|d| d.links.is_empty()));
+        let linked: Vec<&str> = spans
+            .iter()
+            .filter(|s| tokenize.is_some_and(|t| s.links == [t.span_id]))
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(linked, ["decode_forward"]);
+        // No dispatch start seen: one tokenize that says it covers the dispatch.
+        let unknown = SglangTimeline {
+            dispatch_start_ns: None,
+            ..split
+        };
+        let spans = build(created_early(unknown), 3);
+        assert_eq!(named(&spans, "tokenize"), Some((90 * MS, 100 * MS, 1)));
+        assert_eq!(named(&spans, "api_server_dispatch"), None);
     }
 
     #[test]
