@@ -29,8 +29,9 @@ const FROM_DISPATCH: [&str; 2] = [
 /// arithmetic; infertrace's, measured at attach), which differ by a few microseconds.
 pub const SCHEDULER_EDGE_S: f64 = 20e-6;
 /// The start of `api_server_dispatch` (the end of `tokenize`) must agree to the latencies'
-/// bounds at p50 and p99: infertrace's instant is main's entry into `pickle.dumps`, a few tens
-/// of microseconds of Python after SGLang's stamp (docs/accuracy.md).
+/// bounds at p50 and p99 (p90 for fewer than 100 values): infertrace's instant is main's entry
+/// into `pickle.dumps`, a few tens of microseconds of Python after SGLang's stamp, more when
+/// main's thread was held off the CPU in between (docs/accuracy.md).
 const DISPATCH_EDGES: [&str; 2] = ["api_server_dispatch start", "tokenize end"];
 
 const LATENCIES: [&str; 5] = [
@@ -405,10 +406,12 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
         let Some(values) = diffs.get(key) else {
             continue;
         };
-        let (p50, p99) = (percentile(values, 50.0), percentile(values, 99.0));
+        // As for the loop's edges: the p99 of fewer than 100 values is their largest.
+        let tail = if values.len() >= 100 { 99.0 } else { 90.0 };
+        let (p50, p99) = (percentile(values, 50.0), percentile(values, tail));
         if p50 > LATENCY_P50_S || p99 > LATENCY_P99_S {
             r.fail(format!(
-                "{key}: p50 {p50:.6} s / p99 {p99:.6} s beyond {LATENCY_P50_S} / {LATENCY_P99_S} s"
+                "{key}: p50 {p50:.6} s / p{tail} {p99:.6} s beyond {LATENCY_P50_S} / {LATENCY_P99_S} s"
             ));
         }
     }
@@ -795,9 +798,9 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
         };
         let their_names: std::collections::BTreeSet<&str> =
             their_stages.iter().map(|s| s.name).collect();
-        let covers_dispatch = ours_stages.iter().any(|s| {
-            s.name == "tokenize" && s.attributes["infertrace.includes_dispatch"] == true
-        });
+        let covers_dispatch = ours_stages
+            .iter()
+            .any(|s| s.name == "tokenize" && s.attributes["infertrace.includes_dispatch"] == true);
         for name in their_names {
             if ours_stages.iter().any(|s| s.name == name) || (is_aborted && from_the_loop(name)) {
                 continue;

@@ -280,7 +280,10 @@ impl KernelCapture {
         path: &Path,
         sites: &[ProbeSite],
     ) -> anyhow::Result<usize> {
-        let probes: Vec<_> = sites.iter().map(|site| (PICKLE_DUMPS, site, None)).collect();
+        let probes: Vec<_> = sites
+            .iter()
+            .map(|site| (PICKLE_DUMPS, site, None))
+            .collect();
         self.attach_uprobes(pid, ProbedLibrary::CpythonPickle, path, &probes)
     }
 

@@ -56,7 +56,9 @@ pub enum Record {
     /// A thread polled a captured eventfd (a libzmq mailbox).
     MailboxPoll(MailboxPollRecord),
     /// A thread entered CPython's `pickle.dumps`.
-    PickleDumps { header: RecordHeader },
+    PickleDumps {
+        header: RecordHeader,
+    },
 }
 
 impl Record {

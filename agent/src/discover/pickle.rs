@@ -49,5 +49,4 @@ mod tests {
             Err(SitesError::Read(..))
         ));
     }
-
 }

@@ -90,8 +90,7 @@ pub fn sites_of(
     missing: &'static str,
 ) -> Result<Vec<ProbeSite>, SitesError> {
     let bytes = std::fs::read(path).map_err(|e| SitesError::Read(path.to_owned(), e))?;
-    let sites =
-        sites(&bytes, symbols, probed).map_err(|e| SitesError::Elf(path.to_owned(), e))?;
+    let sites = sites(&bytes, symbols, probed).map_err(|e| SitesError::Elf(path.to_owned(), e))?;
     if sites.is_empty() {
         return Err(match symbols {
             Symbols::Exported => SitesError::Missing(path.to_owned(), missing),

@@ -6,7 +6,7 @@
 //! every message part through `zmq_msg_send` (its Cython backend imports no other send).
 use std::path::{Path, PathBuf};
 
-use super::uprobe_sites::{self, ProbeSite, Symbols, SitesError};
+use super::uprobe_sites::{self, ProbeSite, SitesError, Symbols};
 
 /// What libzmq's file name starts with.
 const LIBZMQ_PREFIX: &str = "libzmq";

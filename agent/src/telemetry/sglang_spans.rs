@@ -856,8 +856,8 @@ mod tests {
 
     #[test]
     fn the_dispatch_start_splits_tokenize_from_api_server_dispatch_as_sglang_does() {
-        use crate::engines::join::Outcome;
         use crate::decode::sglang::SglangSampling;
+        use crate::engines::join::Outcome;
         const MS: u64 = 1_000_000;
         let build = |t: SglangTimeline, level| {
             let trace = Outcome {
@@ -875,10 +875,13 @@ mod tests {
             )
         };
         let named = |spans: &[Span], name: &str| {
-            spans
-                .iter()
-                .find(|s| s.name == name)
-                .map(|s| (s.start_time_unix_nano, s.end_time_unix_nano, s.attributes.len()))
+            spans.iter().find(|s| s.name == name).map(|s| {
+                (
+                    s.start_time_unix_nano,
+                    s.end_time_unix_nano,
+                    s.attributes.len(),
+                )
+            })
         };
         let split = SglangTimeline {
             trace: None,
