@@ -4,7 +4,7 @@ use std::{
     io::{BufReader, BufWriter},
     os::fd::{AsRawFd, RawFd},
     path::Path,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
@@ -25,6 +25,11 @@ use crate::{
     discover::{procfs, system},
     pipeline::Pipeline,
 };
+
+/// How often a live session asks /proc whether the attached processes still run: reading a
+/// busy engine's `/proc/PID/status` costs hundreds of microseconds, a fifth of the agent's CPU
+/// when it was asked at every drain (BENCHMARKS.md).
+const EXIT_CHECK: Duration = Duration::from_millis(500);
 
 /// How a live session runs.
 #[derive(Clone, Debug)]
@@ -219,6 +224,7 @@ pub async fn run_live(
     );
     tokio::pin!(deadline);
     let mut events = initial;
+    let mut checked_exit = Instant::now();
     loop {
         let mut stop = false;
         tokio::select! {
@@ -248,15 +254,23 @@ pub async fn run_live(
                 break;
             }
         }
-        if !stop && options.pids.iter().all(|&pid| !procfs::is_running(pid)) {
-            tracing::info!("all attached processes have exited");
-            stop = true;
+        if !stop && checked_exit.elapsed() >= EXIT_CHECK {
+            checked_exit = Instant::now();
+            if options.pids.iter().all(|&pid| !procfs::is_running(pid)) {
+                tracing::info!("all attached processes have exited");
+                stop = true;
+            }
         }
         if stop {
             break;
         }
     }
     drop(ring);
+    let last_counters = live.counters();
+    if let Some(w) = recorder.as_mut() {
+        w.write(&last_counters).context("writing the recording")?;
+    }
+    summary.count(&last_counters);
     let mut rest = flows.finish(monotonic_ns());
     rest.sort_by_key(Decoded::start_ns);
     summary.messages += rest.iter().filter(|d| d.is_message()).count() as u64;

@@ -27,6 +27,11 @@ pub trait Probed {
     const LIBRARY: ProbedLibrary;
     /// Whether to leave it alone.
     fn off(&self) -> bool;
+    /// Whether process `pid` can need the probes at all; when not, it is not looked at again
+    /// (reading a big process's maps costs milliseconds).
+    fn wanted(_pid: u32) -> bool {
+        true
+    }
     /// The library as process `pid` maps it, when it does.
     fn find(pid: u32) -> Option<PathBuf>;
     /// Its probe sites (read once per file).
@@ -103,6 +108,10 @@ impl<L: Probed> LibraryWatch<L> {
             .map(|(&pid, _)| pid)
             .collect();
         for pid in due {
+            if !L::wanted(pid) {
+                self.waiting.remove(&pid);
+                continue;
+            }
             let Some(path) = L::find(pid) else {
                 if let Some(w) = self.waiting.get_mut(&pid) {
                     w.next_look = now + w.interval;

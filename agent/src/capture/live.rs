@@ -27,6 +27,9 @@ use infertrace_common::fd_action;
 
 /// Records read from the ring buffer before their /proc look-ups are done.
 const BATCH: usize = 1024;
+/// How often the kernel's counters are read: one map lookup per counter per CPU, 8 % of the
+/// agent's CPU under an SGLang benchmark when read at every batch (BENCHMARKS.md).
+const COUNTERS_EVERY: Duration = Duration::from_millis(100);
 
 /// Counts of what the live layer itself could not handle.
 #[derive(Clone, Copy, Debug, Default)]
@@ -48,6 +51,7 @@ pub struct LiveCapture {
     roles: Roles,
     sockets: SocketLookup,
     clock: ClockWatch,
+    counters_read: Option<Instant>,
     pub stats: LiveStats,
 }
 
@@ -103,6 +107,7 @@ impl LiveCapture {
                 roles: Roles::default(),
                 sockets: SocketLookup::default(),
                 clock: ClockWatch::new(clock::realtime_minus_monotonic().1),
+                counters_read: None,
                 stats: LiveStats::default(),
             },
             events,
@@ -111,7 +116,7 @@ impl LiveCapture {
 
     /// Read one batch of records from the ring buffer into `out`, each preceded by the /proc
     /// answers it triggered (a new fd is classified while it still exists, even under a flood),
-    /// then the kernel counters and a Tick. Returns true when the batch was full: more records
+    /// then the kernel counters (at most every [`COUNTERS_EVERY`]) and a Tick. Returns true when the batch was full: more records
     /// are probably waiting.
     ///
     /// A Tick per batch, not per empty ring: under sustained load the ring never empties, and
@@ -136,7 +141,12 @@ impl LiveCapture {
             self.react(&record, out);
             out.push(CaptureEvent::Kernel(record));
         }
-        out.push(CaptureEvent::Counters(self.kernel.counters()));
+        if self
+            .counters_read
+            .is_none_or(|at| at.elapsed() >= COUNTERS_EVERY)
+        {
+            out.push(self.counters());
+        }
         if let Some((monotonic_ns, realtime_minus_monotonic_ns)) = self.clock.look() {
             out.push(CaptureEvent::Clock {
                 monotonic_ns,
@@ -234,6 +244,12 @@ impl LiveCapture {
             | Record::PickleDumps { .. } => {}
             Record::PySample(sample) => self.python.sample(sample, &mut self.kernel, out),
         }
+    }
+
+    /// The kernel's counters now (the session's last word on them, at the end).
+    pub fn counters(&mut self) -> CaptureEvent {
+        self.counters_read = Some(Instant::now());
+        CaptureEvent::Counters(self.kernel.counters())
     }
 
     /// The ring buffer's fd, readable when the kernel forces a wakeup (buffer filling up).

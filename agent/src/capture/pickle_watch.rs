@@ -28,12 +28,15 @@ impl Probed for CpythonPickle {
         self.off
     }
 
-    /// Only an SGLang main process: elsewhere `pickle.dumps` marks nothing the agent uses (a
-    /// process spawned by one is looked at again once it has its own title).
+    /// Only an SGLang main process: elsewhere `pickle.dumps` marks nothing the agent uses. A
+    /// process that becomes one does so by exec (`sglang.launch_server`), and is looked at
+    /// again then; the processes main forks or spawns are its children by their ancestry from
+    /// the start.
+    fn wanted(pid: u32) -> bool {
+        engine::engine_role(pid) == Some((Engine::Sglang, Role::ApiServer))
+    }
+
     fn find(pid: u32) -> Option<PathBuf> {
-        if engine::engine_role(pid) != Some((Engine::Sglang, Role::ApiServer)) {
-            return None;
-        }
         pickle::library_of(pid)
     }
 
