@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{
     kernel::{KernelCapture, ProbedLibrary},
-    library_watch::{LibraryWatch, Probed, report_costs},
+    library_watch::{LibraryWatch, Probed},
 };
 use crate::discover::{cuda, uprobe_sites::ProbeSite};
 
@@ -26,6 +26,7 @@ pub type CudaWatch = LibraryWatch<CudaDriver>;
 
 impl Probed for CudaDriver {
     const NAME: &'static str = "CUDA";
+    const REMEDY: &'static str = "; pass --cuda-skip-single-stepped to leave them out";
     const LIBRARY: ProbedLibrary = ProbedLibrary::CudaDriver;
 
     fn off(&self) -> bool {
@@ -40,19 +41,8 @@ impl Probed for CudaDriver {
         Ok(cuda::probe_sites_of(path)?)
     }
 
-    fn choose(&self, driver: &Path, sites: &[ProbeSite]) -> Vec<ProbeSite> {
-        report_costs(
-            Self::NAME,
-            driver,
-            sites,
-            self.0.skip_single_stepped,
-            "; pass --cuda-skip-single-stepped to leave them out",
-        );
-        sites
-            .iter()
-            .filter(|s| !(self.0.skip_single_stepped && s.cost.is_expensive()))
-            .cloned()
-            .collect()
+    fn skips_expensive(&self) -> bool {
+        self.0.skip_single_stepped
     }
 
     fn attach(

@@ -24,6 +24,8 @@ const LONGEST_LOOK: Duration = Duration::from_secs(8);
 pub trait Probed {
     /// Names it in logs.
     const NAME: &'static str;
+    /// What to pass to leave its expensive (single-stepped) sites out, for the cost report.
+    const REMEDY: &'static str;
     const LIBRARY: ProbedLibrary;
     /// Whether to leave it alone.
     fn off(&self) -> bool;
@@ -36,8 +38,20 @@ pub trait Probed {
     fn find(pid: u32) -> Option<PathBuf>;
     /// Its probe sites (read once per file).
     fn sites(path: &Path) -> anyhow::Result<Vec<ProbeSite>>;
+    /// Whether to leave out the sites the kernel must single-step.
+    fn skips_expensive(&self) -> bool {
+        false
+    }
     /// Of a file's sites, those to attach; says once per file what they will cost.
-    fn choose(&self, path: &Path, sites: &[ProbeSite]) -> Vec<ProbeSite>;
+    fn choose(&self, path: &Path, sites: &[ProbeSite]) -> Vec<ProbeSite> {
+        let skipping = self.skips_expensive();
+        report_costs(Self::NAME, path, sites, skipping, Self::REMEDY);
+        sites
+            .iter()
+            .filter(|s| !(skipping && s.cost.is_expensive()))
+            .cloned()
+            .collect()
+    }
     /// Attach to `sites` of `path` for `pid`; how many probes.
     fn attach(
         kernel: &mut KernelCapture,
@@ -160,7 +174,7 @@ impl<L: Probed> LibraryWatch<L> {
 }
 
 /// Say what the probes of a library will cost, once per file.
-pub fn report_costs(what: &str, path: &Path, sites: &[ProbeSite], skipping: bool, remedy: &str) {
+fn report_costs(what: &str, path: &Path, sites: &[ProbeSite], skipping: bool, remedy: &str) {
     let expensive: Vec<String> = sites
         .iter()
         .filter_map(|s| match &s.cost {

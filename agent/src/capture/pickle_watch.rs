@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::{
     kernel::{KernelCapture, ProbedLibrary},
-    library_watch::{LibraryWatch, Probed, report_costs},
+    library_watch::{LibraryWatch, Probed},
 };
 use crate::discover::{
     engine::{self, Engine, Role},
@@ -22,6 +22,8 @@ pub type PickleWatch = LibraryWatch<CpythonPickle>;
 
 impl Probed for CpythonPickle {
     const NAME: &'static str = "pickle.dumps";
+    // One hit per message main sends (and per request with msgpack IPC).
+    const REMEDY: &'static str = "; pass --no-pickle-probe to leave it out";
     const LIBRARY: ProbedLibrary = ProbedLibrary::CpythonPickle;
 
     fn off(&self) -> bool {
@@ -42,18 +44,6 @@ impl Probed for CpythonPickle {
 
     fn sites(path: &Path) -> anyhow::Result<Vec<ProbeSite>> {
         Ok(pickle::dumps_sites_of(path)?)
-    }
-
-    fn choose(&self, path: &Path, sites: &[ProbeSite]) -> Vec<ProbeSite> {
-        // One hit per message main sends (and per request with msgpack IPC).
-        report_costs(
-            Self::NAME,
-            path,
-            sites,
-            false,
-            "; pass --no-pickle-probe to leave it out",
-        );
-        sites.to_vec()
     }
 
     fn attach(

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{
     kernel::{KernelCapture, ProbedLibrary},
-    library_watch::{LibraryWatch, Probed, report_costs},
+    library_watch::{LibraryWatch, Probed},
 };
 use crate::discover::{uprobe_sites::ProbeSite, zmq};
 
@@ -17,6 +17,9 @@ pub type ZmqWatch = LibraryWatch<Libzmq>;
 
 impl Probed for Libzmq {
     const NAME: &'static str = "libzmq";
+    // A send is one hit per message: even single-stepped, a few tens of microseconds per
+    // message, which `--no-zmq-probe` avoids.
+    const REMEDY: &'static str = "; pass --no-zmq-probe to leave them out";
     const LIBRARY: ProbedLibrary = ProbedLibrary::Libzmq;
 
     fn off(&self) -> bool {
@@ -29,19 +32,6 @@ impl Probed for Libzmq {
 
     fn sites(path: &Path) -> anyhow::Result<Vec<ProbeSite>> {
         Ok(zmq::send_sites_of(path)?)
-    }
-
-    fn choose(&self, path: &Path, sites: &[ProbeSite]) -> Vec<ProbeSite> {
-        // A send is one hit per message: even single-stepped, a few tens of microseconds per
-        // message, which `--no-zmq-probe` avoids.
-        report_costs(
-            Self::NAME,
-            path,
-            sites,
-            false,
-            "; pass --no-zmq-probe to leave them out",
-        );
-        sites.to_vec()
     }
 
     fn attach(

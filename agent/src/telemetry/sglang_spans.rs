@@ -785,6 +785,24 @@ mod tests {
         assert_eq!(ended_by_scheduler(&t), None);
     }
 
+    /// The spans of a request trace of `t` alone, at SGLang trace level `level`.
+    fn spans_at_level(t: SglangTimeline, level: u8) -> Vec<Span> {
+        let trace = crate::engines::join::Outcome {
+            api: None,
+            engine: vec![t],
+        };
+        let options = SpanOptions {
+            sglang_trace_level: level,
+            ..SpanOptions::default()
+        };
+        spans(
+            &trace,
+            &options,
+            &Clock::fixed(0),
+            &mut IdGenerator::default(),
+        )
+    }
+
     /// A streamed request of three outputs (at 110, 120 and 130 ms), received at 101 ms.
     fn streamed_three_outputs() -> SglangTimeline {
         const MS: u64 = 1_000_000;
@@ -857,23 +875,8 @@ mod tests {
     #[test]
     fn the_dispatch_start_splits_tokenize_from_api_server_dispatch_as_sglang_does() {
         use crate::decode::sglang::SglangSampling;
-        use crate::engines::join::Outcome;
         const MS: u64 = 1_000_000;
-        let build = |t: SglangTimeline, level| {
-            let trace = Outcome {
-                api: None,
-                engine: vec![t],
-            };
-            spans(
-                &trace,
-                &SpanOptions {
-                    sglang_trace_level: level,
-                    ..SpanOptions::default()
-                },
-                &Clock::fixed(0),
-                &mut IdGenerator::default(),
-            )
-        };
+        let build = spans_at_level;
         let named = |spans: &[Span], name: &str| {
             spans.iter().find(|s| s.name == name).map(|s| {
                 (
@@ -954,28 +957,13 @@ mod tests {
 
     #[test]
     fn a_retraction_goes_on_the_stage_that_covers_it_else_on_the_thread() {
-        use crate::engines::join::Outcome;
         const MS: u64 = 1_000_000;
         let t = SglangTimeline {
             // In the second decode loop (and its decode_forward), and before any stage.
             retracted_ns: vec![125 * MS, 105 * MS],
             ..streamed_three_outputs()
         };
-        let trace = Outcome {
-            api: None,
-            engine: vec![t],
-        };
-        let build = |level| {
-            spans(
-                &trace,
-                &SpanOptions {
-                    sglang_trace_level: level,
-                    ..SpanOptions::default()
-                },
-                &Clock::fixed(0),
-                &mut IdGenerator::default(),
-            )
-        };
+        let build = |level| spans_at_level(t.clone(), level);
         let spans = build(3);
         let with_retract: Vec<(&str, u64)> = spans
             .iter()
