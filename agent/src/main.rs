@@ -490,36 +490,51 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<Pipeline>
     Ok(pipeline)
 }
 
+/// What the summary says of SGLang's DP controller, when requests passed through one.
+fn dp_controller_results(g: &infertrace::engines::sglang::SglangStats) -> String {
+    let passed = g.dpc_dispatch_starts + g.dpc_dispatch_starts_unknown;
+    if passed == 0 {
+        return String::new();
+    }
+    format!(
+        ", {passed} requests passed through the DP controller (its dispatch start seen for {}, \
+         not for {}: its serialization not probed or not certain)",
+        g.dpc_dispatch_starts, g.dpc_dispatch_starts_unknown
+    )
+}
+
 /// What the pipeline made of it, for the summary line.
 fn results(pipeline: &Pipeline) -> String {
     let s = pipeline.stats;
     let h = pipeline.handoff_stats();
     let engine = match pipeline.sglang_stats() {
-        Some(g) => format!(
-            "SGLang: {} requests sent to the scheduler, {} outputs, {} undecodable messages, {} \
+        Some(g) => {
+            format!(
+                "SGLang: {} requests sent to the scheduler, {} outputs, {} undecodable messages, {} \
              health checks left out, {} outputs of requests sent before attach, {} requests \
              unfinished at the end, {} dropped (too many in flight), {} scheduler log lines \
              read ({} statistics reports), {} retractions placed ({} whose request was not \
              certain left out), {} scheduler loop iterations followed, decode steps and batches \
              placed for {} requests ({} left out: not shown whole by the loop), dispatch start \
              seen for {} requests ({} without: main's serialization not probed or not certain)",
-            g.requests,
-            g.outputs,
-            g.undecodable,
-            g.health_checks,
-            g.outputs_without_request,
-            g.unfinished_at_end,
-            g.evicted,
-            g.log_lines,
-            g.stats_reports,
-            g.retractions_placed,
-            g.retractions_unplaced,
-            g.loop_iterations,
-            g.loop_requests_placed,
-            g.loop_requests_not_placed,
-            g.dispatch_starts,
-            g.dispatch_starts_unknown
-        ),
+                g.requests,
+                g.outputs,
+                g.undecodable,
+                g.health_checks,
+                g.outputs_without_request,
+                g.unfinished_at_end,
+                g.evicted,
+                g.log_lines,
+                g.stats_reports,
+                g.retractions_placed,
+                g.retractions_unplaced,
+                g.loop_iterations,
+                g.loop_requests_placed,
+                g.loop_requests_not_placed,
+                g.dispatch_starts,
+                g.dispatch_starts_unknown
+            ) + &dp_controller_results(&g)
+        }
         None => {
             let t = pipeline.tracker_stats();
             format!(

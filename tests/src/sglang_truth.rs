@@ -32,7 +32,16 @@ pub const SCHEDULER_EDGE_S: f64 = 20e-6;
 /// bounds at p50 and p99 (p90 for fewer than 100 values): infertrace's instant is main's entry
 /// into `pickle.dumps`, a few tens of microseconds of Python after SGLang's stamp, more when
 /// main's thread was held off the CPU in between (docs/accuracy.md).
-const DISPATCH_EDGES: [&str; 2] = ["api_server_dispatch start", "tokenize end"];
+/// The same for `dpc_dispatch` (data parallelism), which starts at the DP controller's entry
+/// into `pickle.dumps` for the request.
+const DISPATCH_EDGES: [&str; 4] = [
+    "api_server_dispatch start",
+    "tokenize end",
+    "dpc_dispatch start",
+    "DP Controller end",
+];
+/// SGLang's label of its DP controller's thread span.
+const DP_CONTROLLER: &str = "DP Controller";
 
 const LATENCIES: [&str; 5] = [
     "gen_ai.latency.time_to_first_token",
@@ -146,6 +155,12 @@ fn stamp_within_dispatch(
         }
         _ => 0.0,
     }
+}
+
+/// The thread span labelled `label` under request span `parent`.
+fn thread_span<'a>(all: &'a [SpanView<'a>], parent: &str, label: &str) -> Option<&'a SpanView<'a>> {
+    all.iter()
+        .find(|s| s.parent == parent && s.name.starts_with(label) && s.name.contains("(host:"))
 }
 
 /// Stage spans of a request: the children of its thread spans.
@@ -292,6 +307,23 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
             ));
         }
         staged += 1;
+        // The DP controller's thread: it ends at its hand-over to a scheduler's socket, as
+        // SGLang's (bounded with the dispatch edges); it starts when it took the request
+        // over, before SGLang's, which starts after unpickling it (reported).
+        if let (Some(a), Some(b)) = (
+            thread_span(&ours, ours_req.id, DP_CONTROLLER),
+            thread_span(&theirs, theirs_req.id, DP_CONTROLLER),
+        ) {
+            let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
+            diffs
+                .entry("DP Controller start")
+                .or_default()
+                .push(d(a.start, b.start));
+            diffs
+                .entry("DP Controller end")
+                .or_default()
+                .push(d(a.end, b.end));
+        }
         for stage in stages(&ours, ours_req) {
             if stage.name == "decode_loop" {
                 continue;
@@ -303,7 +335,9 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
             // Links: the same previous stage. Without main's serialization (a recording made
             // before its probe) infertrace's tokenize stands for SGLang's tokenize +
             // api_server_dispatch; without the loop, its decode_forward for SGLang's
-            // decode_waiting + decode_forward.
+            // decode_waiting + decode_forward; without the DP controller's serialization
+            // (its first requests, see compare_loop_stages) request_process links to main's
+            // last stage.
             let (ours_links, theirs_links) = (
                 linked_names(&ours, stage),
                 linked_names(&theirs, theirs_stage),
@@ -313,6 +347,8 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
                     a == b
                         || (*a == "tokenize" && *b == "api_server_dispatch")
                         || (*a == "prefill_forward" && *b == "decode_waiting")
+                        || (matches!(*a, "tokenize" | "api_server_dispatch")
+                            && *b == "dpc_dispatch")
                 });
             if same {
                 links_compared += ours_links.len();
@@ -338,6 +374,7 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
                     .entry("api_server_dispatch start")
                     .or_default()
                     .push(start),
+                "dpc_dispatch" => diffs.entry("dpc_dispatch start").or_default().push(start),
                 "request_process" => diffs
                     .entry("request_process start")
                     .or_default()
@@ -764,6 +801,21 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
         .map(|s| rid(s))
         .collect();
     let mut undivided = 0;
+    // The DP controller's first requests likewise, per scheduler socket it sends to: their
+    // dpc_dispatch is left out (its thread span stays).
+    let schedulers = theirs
+        .iter()
+        .filter(|s| s.name.starts_with("Scheduler") && s.name.contains("[DP "))
+        .map(|s| s.name.split("(host:").next().unwrap_or_default())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        .max(1);
+    let first_passed: Vec<&str> = by_start
+        .iter()
+        .take(SENT_BEFORE_SOCKETS_LEARNT * schedulers)
+        .map(|s| rid(s))
+        .collect();
+    let mut controller_only = 0;
     for theirs_req in theirs.iter().filter(|s| is_request(s)) {
         let id = rid(theirs_req);
         let Some(ours_req) = ours.iter().find(|s| is_request(s) && rid(s) == id) else {
@@ -807,6 +859,13 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
             }
             if name == "api_server_dispatch" && covers_dispatch && first_sent.contains(&id) {
                 undivided += 1;
+                continue;
+            }
+            if name == "dpc_dispatch"
+                && first_passed.contains(&id)
+                && thread_span(&ours, ours_req.id, DP_CONTROLLER).is_some()
+            {
+                controller_only += 1;
                 continue;
             }
             r.fail(format!("{id}: infertrace has no {name}"));
@@ -930,8 +989,10 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
          {nested:?} nested spans, {events} schedule events ({sizes} with a batch size, \
          {lost_by_sglang} at a decode_waiting end missing from SGLang's trace), {} batches; \
          {undivided} of the first {SENT_BEFORE_SOCKETS_LEARNT} requests sent with tokenize \
-         covering api_server_dispatch",
-        bids.len()
+         covering api_server_dispatch; {controller_only} of the first {} passed through a DP \
+         controller without dpc_dispatch",
+        bids.len(),
+        first_passed.len()
     );
     for (key, values) in &diffs {
         let abs: Vec<f64> = values.iter().map(|v| v.abs()).collect();

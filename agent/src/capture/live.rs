@@ -258,8 +258,9 @@ impl LiveCapture {
     }
 }
 
-/// What is decoded of an fd of a process: the eventfds of an API server and of an SGLang
-/// scheduler are watched (libzmq's mailboxes: when a message was taken or handed over); vLLM's requests are rebuilt from the API
+/// What is decoded of an fd of a process: the eventfds of an API server, of an SGLang
+/// scheduler and of SGLang's data-parallel controller are watched (libzmq's mailboxes: when a
+/// message was taken or handed over); vLLM's requests are rebuilt from the API
 /// server's side alone, so the sockets of its other processes (the EngineCore's copies of the
 /// same messages, the workers' wake-ups) are not copied at all: decoding them only to drop
 /// them was half the agent's CPU. SGLang's requests are rebuilt from its main process's and
@@ -271,9 +272,11 @@ fn decoded_kind(kind: FdKind, fd: u32, process: Option<&(Engine, Role)>) -> FdKi
     // SGLang's scheduler polls its socket between forward passes: its mailbox reads time
     // the requests it takes, its mailbox writes the outputs it sends.
     let sglang_scheduler = process == Some(&(Engine::Sglang, Role::Scheduler));
+    // SGLang's DP controller passes each request on to a scheduler (its `dpc_dispatch`).
+    let sglang_dp_controller = process == Some(&(Engine::Sglang, Role::DataParallelController));
     match (kind, process) {
         (FdKind::Eventfd { .. }, _) => FdKind::Eventfd {
-            watched: api_server || sglang_scheduler,
+            watched: api_server || sglang_scheduler || sglang_dp_controller,
         },
         // A terminal, pipe or file; or a socket (systemd hands services a unix socket).
         (kind, _)
@@ -375,6 +378,9 @@ mod tests {
         let detokenizer = (Engine::Sglang, Role::Detokenizer);
         assert!(!decoded_kind(eventfd(), 7, Some(&detokenizer)).capture());
         assert!(!decoded_kind(unix(), 7, Some(&detokenizer)).capture());
+        let dp_controller = (Engine::Sglang, Role::DataParallelController);
+        assert!(decoded_kind(eventfd(), 7, Some(&dp_controller)).capture());
+        assert_eq!(decoded_kind(unix(), 7, Some(&dp_controller)), unix());
         assert_eq!(decoded_kind(unix(), 7, None), unix());
         assert!(!decoded_kind(eventfd(), 7, None).capture());
     }
@@ -389,6 +395,12 @@ mod tests {
             fd_action::CAPTURE_POLLS
         );
         assert_eq!(fd_decision(&watched, Some(&api)), fd_action::CAPTURE);
+        // The DP controller spins on its socket: its polls would be a flood.
+        let dp_controller = (Engine::Sglang, Role::DataParallelController);
+        assert_eq!(
+            fd_decision(&watched, Some(&dp_controller)),
+            fd_action::CAPTURE
+        );
         let unix = FdKind::Unix { path: None };
         assert_eq!(fd_decision(&unix, Some(&scheduler)), fd_action::CAPTURE);
         let other = FdKind::Other {

@@ -1,6 +1,7 @@
 //! CPython's pickle accelerator as a probed library (capture/library_watch.rs): `pickle.dumps`
-//! in SGLang's main processes only, whose entries time the start of each request's dispatch
-//! (engines/dispatch_start.rs).
+//! in SGLang's main processes and data-parallel controllers only, whose entries time the start
+//! of each request's dispatch (engines/dispatch_start.rs): `api_server_dispatch` and
+//! `dpc_dispatch`.
 use std::path::{Path, PathBuf};
 
 use super::{
@@ -30,12 +31,18 @@ impl Probed for CpythonPickle {
         self.off
     }
 
-    /// Only an SGLang main process: elsewhere `pickle.dumps` marks nothing the agent uses. A
-    /// process that becomes one does so by exec (`sglang.launch_server`), and is looked at
-    /// again then; the processes main forks or spawns are its children by their ancestry from
-    /// the start.
+    /// Only an SGLang main process or DP controller: elsewhere `pickle.dumps` marks nothing
+    /// the agent uses. A process that becomes main does so by exec (`sglang.launch_server`),
+    /// and is looked at again then; the processes main forks or spawns are its children by
+    /// their ancestry from the start, and the DP controller retitles itself first thing.
     fn wanted(pid: u32) -> bool {
-        engine::engine_role(pid) == Some((Engine::Sglang, Role::ApiServer))
+        matches!(
+            engine::engine_role(pid),
+            Some((
+                Engine::Sglang,
+                Role::ApiServer | Role::DataParallelController
+            ))
+        )
     }
 
     fn find(pid: u32) -> Option<PathBuf> {

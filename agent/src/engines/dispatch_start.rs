@@ -1,16 +1,18 @@
-//! When SGLang's main process began dispatching a request: the start of its
-//! `api_server_dispatch` stage, which no syscall marks.
+//! When an SGLang process began dispatching a request: the start of the `api_server_dispatch`
+//! stage of its main process and of the `dpc_dispatch` stage of its data-parallel controller,
+//! which no syscall marks.
 //!
-//! SGLang stamps the stage's start after tokenizing, then serializes the request and hands it
-//! to libzmq without yielding to its event loop (`TokenizerManager._send_one_request`). Its
-//! main process serializes with CPython's `pickle.dumps` only for a message it sends: the
-//! whole message with pickle IPC (pyzmq's `send_pyobj`), the request's `time_stats` field with
-//! msgpack IPC (`wrap_pickle_fields`). So the serializations a thread began after its previous
-//! hand-over to libzmq belong to its next one, and for a request the first of them began its
-//! dispatch: a few tens of microseconds of Python after SGLang's stamp (docs/accuracy.md).
-//! A request message is serialized once in either mode; with more serializations before its
-//! hand-over (a message whose hand-over the probe missed) which one began it is not certain,
-//! and none is given.
+//! SGLang stamps the stage's start, then serializes the request and hands it to libzmq without
+//! yielding to anything else: main after tokenizing (`TokenizerManager._send_one_request`), the
+//! DP controller right after taking the request (`dispatching_with_trace`). Both serialize with
+//! CPython's `pickle.dumps` only for a message they send: the whole message with pickle IPC
+//! (pyzmq's `send_pyobj`), the request's `time_stats` field with msgpack IPC
+//! (`wrap_pickle_fields` in main, `wrap_as_pickle` in the DP controller). So the serializations
+//! a thread began after its previous hand-over to libzmq belong to its next one, and for a
+//! request the first of them began its dispatch: a few tens of microseconds of Python after
+//! SGLang's stamp (docs/accuracy.md). A request message is serialized once in either mode and
+//! either process; with more serializations before its hand-over (a message whose hand-over
+//! the probe missed) which one began it is not certain, and none is given.
 use std::collections::{HashMap, VecDeque};
 
 use crate::decode::flows::{Handover, Serializing};

@@ -5,7 +5,9 @@
 //! used is fixed by class and direction, so nothing counts twice:
 //! - `TokenizedGenerateReqInput` leaving main: the request (`sent_ns`; its dispatch began at
 //!   its serialization, `dispatch_start`); entering the scheduler: when the scheduler got it
-//!   (`scheduler_recv_ns`).
+//!   (`scheduler_recv_ns`). With data parallelism (`--dp-size`) it passes through the DP
+//!   controller on its way: entering it, then leaving it for one of the schedulers
+//!   (`dp_controller`).
 //! - `BatchTokenIDOutput` leaving the scheduler: when the scheduler finished the step that
 //!   produced it (`scheduler_output_ns`), and its time stats as the scheduler wrote them.
 //! - `BatchStrOutput` entering main: what the frontend learnt and when (first output, finish,
@@ -45,7 +47,8 @@ pub const MAX_STEPS_PER_REQUEST: usize = 4096;
 const HEALTH_CHECK_PREFIX: &str = "HEALTH_CHECK_";
 /// Retractions placed per request.
 const MAX_RETRACTIONS_PER_REQUEST: usize = 64;
-/// Scheduler receipts held for a request whose send is not decoded yet.
+/// Requests whose receipts (or the DP controller's send) are held until main's send of them is
+/// decoded.
 const MAX_EARLY_RECEIPTS: usize = 1024;
 
 /// A scheduler's parallel ranks, as SGLang's thread span names show them.
@@ -75,6 +78,14 @@ pub fn scheduler_ranks(cmdline: &[String]) -> Option<Ranks> {
         }
     }
     Some(ranks)
+}
+
+/// SGLang's data-parallel controller (`sglang::data_parallel_controller`, its title).
+pub fn is_dp_controller(cmdline: &[String]) -> bool {
+    cmdline
+        .first()
+        .and_then(|c| c.split_whitespace().next())
+        .is_some_and(|title| title == "sglang::data_parallel_controller")
 }
 
 /// The server's `--stream-interval` (tokens per streamed output) from the command line of
@@ -113,6 +124,29 @@ pub fn server_overlaps(cmdline: &[String]) -> Option<bool> {
     launches_server(cmdline).then(|| !cmdline.iter().any(|a| a == "--disable-overlap-schedule"))
 }
 
+/// A request's pass through SGLang's data-parallel controller, which takes it from main and
+/// passes it on to one of its schedulers (capture times, moved to the controller's thread's
+/// instants when the trace is made).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DpControllerHop {
+    pub pid: u32,
+    /// When the controller took the request over.
+    pub received_ns: Option<u64>,
+    /// When it handed the request to a scheduler's socket.
+    pub sent_ns: Option<u64>,
+    /// When it began dispatching the request (its first `pickle.dumps` for it), when certain.
+    pub dispatch_start_ns: Option<u64>,
+}
+
+/// What a process after main did with a request: a message of it reaching or leaving that
+/// process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hop {
+    DpControllerReceived,
+    DpControllerSent,
+    SchedulerReceived,
+}
+
 /// One SGLang engine request (one rid), as the main process and the scheduler saw it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SglangTimeline {
@@ -130,6 +164,8 @@ pub struct SglangTimeline {
     pub trace: Option<TraceContext>,
     /// The main (TokenizerManager) process and the scheduler that served the request.
     pub frontend_pid: u32,
+    /// Its way through the DP controller, with data parallelism.
+    pub dp_controller: Option<DpControllerHop>,
     pub scheduler_pid: Option<u32>,
     /// The scheduler's ranks, when its title was seen.
     pub scheduler_ranks: Option<Ranks>,
@@ -180,11 +216,27 @@ pub struct SglangTimeline {
 }
 
 impl SglangTimeline {
-    /// Scheduler `scheduler` (of `ranks`) took the request at `ns`.
-    fn received_by(&mut self, scheduler: u32, ranks: Option<Ranks>, ns: u64) {
-        self.scheduler_pid = Some(scheduler);
-        self.scheduler_ranks = ranks;
-        self.scheduler_recv_ns.get_or_insert(ns);
+    /// Process `pid` (of `ranks`, a scheduler's) did `hop` with the request at `ns`.
+    fn hop(&mut self, pid: u32, hop: Hop, ns: u64, ranks: Option<Ranks>) {
+        let dp_controller = || DpControllerHop {
+            pid,
+            ..DpControllerHop::default()
+        };
+        match hop {
+            Hop::SchedulerReceived => {
+                self.scheduler_pid = Some(pid);
+                self.scheduler_ranks = ranks;
+                self.scheduler_recv_ns.get_or_insert(ns);
+            }
+            Hop::DpControllerReceived => {
+                let d = self.dp_controller.get_or_insert_with(dp_controller);
+                d.received_ns.get_or_insert(ns);
+            }
+            Hop::DpControllerSent => {
+                let d = self.dp_controller.get_or_insert_with(dp_controller);
+                d.sent_ns.get_or_insert(ns);
+            }
+        }
     }
 
     fn new(request: &SglangRequest, frontend_pid: u32, sent_ns: u64) -> Self {
@@ -326,12 +378,17 @@ pub struct SglangStats {
     /// `pickle.dumps` probe, the hand-over not probed, or not one serialization before it).
     pub dispatch_starts: u64,
     pub dispatch_starts_unknown: u64,
+    /// The same for the DP controller's dispatch of requests that passed through one.
+    pub dpc_dispatch_starts: u64,
+    pub dpc_dispatch_starts_unknown: u64,
 }
 
 pub struct SglangTracker {
     decoder: SglangDecoder,
     /// Scheduler processes' ranks, from their titles.
     ranks: HashMap<u32, Ranks>,
+    /// DP controller processes, from their titles.
+    dp_controllers: HashSet<u32>,
     /// Main processes' `--stream-interval`, from their command lines.
     stream_intervals: HashMap<u32, u64>,
     /// Main processes whose schedulers do not run the overlap loop.
@@ -344,10 +401,10 @@ pub struct SglangTracker {
     now_ns: u64,
     /// The schedulers' statistics reports since the pipeline last took them.
     reports: Vec<DecodeStats>,
-    /// Receipts of requests by a scheduler (rid -> scheduler pid, when), decoded before main's
-    /// send of the same request: each side's record is stamped when its syscall returned, and
-    /// the reader's can return first (or land in an earlier drain).
-    early_receipts: HashMap<String, (u32, u64)>,
+    /// What the processes after main did with requests (rid -> process, hop, when), decoded
+    /// before main's send of the same request: each side's record is stamped when its syscall
+    /// returned, and the reader's can return first (or land in an earlier drain).
+    early_receipts: HashMap<String, Vec<(u32, Hop, u64)>>,
     retraction_log: RetractionLog,
     pub stats: SglangStats,
 }
@@ -357,6 +414,7 @@ impl Default for SglangTracker {
         Self {
             decoder: SglangDecoder::default(),
             ranks: HashMap::new(),
+            dp_controllers: HashSet::new(),
             stream_intervals: HashMap::new(),
             no_overlap: HashSet::new(),
             loops: SchedulerLoops::default(),
@@ -437,6 +495,9 @@ impl SglangTracker {
                 if let Some(ranks) = scheduler_ranks(&info.cmdline) {
                     self.ranks.insert(info.pid, ranks);
                 }
+                if is_dp_controller(&info.cmdline) {
+                    self.dp_controllers.insert(info.pid);
+                }
                 if let Some(interval) = server_stream_interval(&info.cmdline) {
                     self.stream_intervals.insert(info.pid, interval);
                 }
@@ -487,7 +548,11 @@ impl SglangTracker {
         first_ns: u64,
         last_ns: u64,
     ) {
+        let dp_controller = self.dp_controllers.contains(&tgid);
         match (m, outgoing) {
+            (SglangMessage::Request(r), true) if dp_controller => {
+                self.hop(&r.rid, tgid, Hop::DpControllerSent, first_ns);
+            }
             (SglangMessage::Request(r), true) => {
                 if r.rid.starts_with(HEALTH_CHECK_PREFIX) {
                     self.stats.health_checks += 1;
@@ -500,26 +565,19 @@ impl SglangTracker {
                     .sampling
                     .stream_interval
                     .or_else(|| self.stream_intervals.get(&tgid).copied());
-                if let Some((scheduler, ns)) = self.early_receipts.remove(&r.rid) {
-                    let ranks = self.ranks.get(&scheduler).copied();
-                    timeline.received_by(scheduler, ranks, ns);
+                for (pid, hop, ns) in self.early_receipts.remove(&r.rid).unwrap_or_default() {
+                    timeline.hop(pid, hop, ns, self.ranks.get(&pid).copied());
                 }
                 self.stats.evicted += self.in_flight.insert(r.rid.clone(), timeline);
             }
             (SglangMessage::Request(r), false) => {
                 self.handoffs.received(tgid, last_ns, true);
-                let ranks = self.ranks.get(&tgid).copied();
-                match self.in_flight.get_mut(&r.rid) {
-                    Some(t) => t.received_by(tgid, ranks, last_ns),
-                    None if !r.rid.starts_with(HEALTH_CHECK_PREFIX) => {
-                        if self.early_receipts.len() >= MAX_EARLY_RECEIPTS {
-                            // Receipts of requests whose send never came (sent before attach).
-                            self.early_receipts.clear();
-                        }
-                        self.early_receipts.insert(r.rid.clone(), (tgid, last_ns));
-                    }
-                    None => {}
-                }
+                let hop = if dp_controller {
+                    Hop::DpControllerReceived
+                } else {
+                    Hop::SchedulerReceived
+                };
+                self.hop(&r.rid, tgid, hop, last_ns);
             }
             (SglangMessage::Outputs(o), true) if o.stage == OutputStage::TokenIds => {
                 self.loops.output_sent(tgid, first_ns);
@@ -569,6 +627,27 @@ impl SglangTracker {
             }
             _ => {}
         }
+    }
+
+    /// Process `pid` did `hop` with request `rid` at `ns`: kept until main's send of it is
+    /// decoded, when that has not been yet.
+    fn hop(&mut self, rid: &str, pid: u32, hop: Hop, ns: u64) {
+        let ranks = self.ranks.get(&pid).copied();
+        if let Some(t) = self.in_flight.get_mut(rid) {
+            t.hop(pid, hop, ns, ranks);
+            return;
+        }
+        if rid.starts_with(HEALTH_CHECK_PREFIX) {
+            return;
+        }
+        if self.early_receipts.len() >= MAX_EARLY_RECEIPTS {
+            // Requests whose send never came (sent before attach).
+            self.early_receipts.clear();
+        }
+        self.early_receipts
+            .entry(rid.to_owned())
+            .or_default()
+            .push((pid, hop, ns));
     }
 
     fn output(&mut self, item: &RidOutput, recv_ns: u64) {
@@ -653,10 +732,22 @@ impl SglangTracker {
         for t in &mut outcome.engine {
             t.sent_ns = at(t.sent_ns);
             t.dispatch_start_ns = self.dispatch_starts.started(t.frontend_pid, t.sent_ns);
-            if t.dispatch_start_ns.is_some() {
-                self.stats.dispatch_starts += 1;
-            } else {
-                self.stats.dispatch_starts_unknown += 1;
+            count(
+                t.dispatch_start_ns,
+                &mut self.stats.dispatch_starts,
+                &mut self.stats.dispatch_starts_unknown,
+            );
+            if let Some(d) = &mut t.dp_controller {
+                d.received_ns = d.received_ns.map(at);
+                d.sent_ns = d.sent_ns.map(at);
+                d.dispatch_start_ns = d
+                    .sent_ns
+                    .and_then(|sent| self.dispatch_starts.started(d.pid, sent));
+                count(
+                    d.dispatch_start_ns,
+                    &mut self.stats.dpc_dispatch_starts,
+                    &mut self.stats.dpc_dispatch_starts_unknown,
+                );
             }
             t.scheduler_recv_ns = t.scheduler_recv_ns.map(at);
             for ns in &mut t.scheduler_output_ns {
@@ -668,6 +759,11 @@ impl SglangTracker {
         }
         outcome
     }
+}
+
+/// One more instant found, or one more not.
+fn count(found: Option<u64>, seen: &mut u64, unknown: &mut u64) {
+    *if found.is_some() { seen } else { unknown } += 1;
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 //!    ├─ "Tokenizer(host:… | pid:…)"            main process
 //!    │  ├─ tokenize
 //!    │  └─ api_server_dispatch                 (when main's serialization was seen)
+//!    ├─ "DP Controller(host:… | pid:…)"        with data parallelism (`--dp-size`)
+//!    │  └─ dpc_dispatch                        (when its serialization was seen)
 //!    └─ "Scheduler [TP 0]  [PP 0] (host:… | pid:…)"   scheduler process
 //!       ├─ request_process, prefill_waiting, prefill_forward   (scheduler time stats)
 //!       │                                       └─ chunked_prefill × chunks
@@ -23,6 +25,9 @@
 //!   recording made before it) the one `tokenize` span covers both and says so
 //!   (`infertrace.includes_dispatch`); no `api_server_dispatch` is invented.
 //! - dispatched (Tokenizer end): main's ZeroMQ send of the request.
+//! - DP controller: from its take-over of the request (the read of its socket's mailbox) to its
+//!   hand-over to a scheduler's socket; `dpc_dispatch` from its entry into `pickle.dumps` for
+//!   the request, else left out (the thread span stays).
 //! - the scheduler's instants (`wait_queue_entry`, `forward_entry`, `prefill_finished`) are
 //!   its own, sent with `--enable-metrics`; without them those three stages are left out.
 //! - scheduler start: its receipt of the request; scheduler end (`decode_forward` end): its
@@ -384,6 +389,22 @@ fn request_spans(
             }
         }
     }
+    if let Some(d) = &t.dp_controller
+        && let (Some(received), Some(sent)) = (d.received_ns, d.sent_ns)
+    {
+        let sent = clock.unix_ns(sent);
+        let controller = b.thread(
+            thread_name(DP_CONTROLLER, host, d.pid),
+            (clock.unix_ns(received), sent),
+            request_id,
+            thread_attributes(DP_CONTROLLER, host, d.pid),
+            None,
+        );
+        if let Some(start) = d.dispatch_start_ns {
+            let start = clock.unix_ns(start);
+            b.stage("dpc_dispatch", start, sent, controller, Vec::new());
+        }
+    }
     let (Some(pid), Some(recv)) = (t.scheduler_pid, t.scheduler_recv_ns) else {
         return;
     };
@@ -428,6 +449,9 @@ fn request_spans(
         }
     }
 }
+
+/// SGLang's label of its data-parallel controller's thread (not PD).
+const DP_CONTROLLER: &str = "DP Controller";
 
 /// The spec's levels of the `retract` and `schedule` events.
 const RETRACT_LEVEL: u8 = 1;
@@ -541,7 +565,7 @@ fn scheduler_stages(
 /// the configured trace level is not produced.
 fn stage_level(name: &str) -> u8 {
     match name {
-        "request_process" | "api_server_dispatch" => 2,
+        "request_process" | "api_server_dispatch" | "dpc_dispatch" => 2,
         "decode_loop" | "chunked_prefill" => 3,
         _ => 1,
     }
