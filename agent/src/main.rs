@@ -121,9 +121,10 @@ struct CaptureArgs {
     /// wake-ups, or at the socket write.
     #[arg(long)]
     no_zmq_probe: bool,
-    /// Do not probe CPython's pickle.dumps in SGLang's main process (whose entry times the
-    /// start of each request's dispatch to the scheduler: SGLang's api_server_dispatch stage;
-    /// without it the tokenize span covers that stage).
+    /// Do not probe CPython's pickle.dumps in SGLang's main process and DP controller (whose
+    /// entry times the start of each request's dispatch: SGLang's api_server_dispatch and
+    /// dpc_dispatch stages; without it the tokenize span covers the first, and the second is
+    /// left out).
     #[arg(long)]
     no_pickle_probe: bool,
     #[command(flatten)]

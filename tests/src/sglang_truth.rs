@@ -7,10 +7,67 @@ use serde_json::Value;
 
 use crate::vllm_truth::{Report, json_lines, last_metrics, metric_total, percentile, prom};
 
-/// Request-span latencies (frontend clock) must agree to this at p50 (seconds).
-pub const LATENCY_P50_S: f64 = 1e-3;
-/// ... and to this at p99.
-pub const LATENCY_P99_S: f64 = 5e-3;
+/// How far infertrace's instants may be from SGLang's, at p50 and p99 (p90 where fewer than
+/// 100 values make the p99 their largest), in seconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Tolerance {
+    pub p50_s: f64,
+    pub p99_s: f64,
+}
+
+impl Tolerance {
+    /// The failure, if absolute differences `values` are beyond it.
+    fn exceeded(&self, key: &str, values: &[f64]) -> Option<String> {
+        let tail = if values.len() >= 100 { 99.0 } else { 90.0 };
+        let (p50, p99) = (percentile(values, 50.0), percentile(values, tail));
+        (p50 > self.p50_s || p99 > self.p99_s).then(|| {
+            format!(
+                "{key}: p50 {p50:.6} s / p{tail} {p99:.6} s beyond {} / {} s",
+                self.p50_s, self.p99_s
+            )
+        })
+    }
+}
+
+/// The tolerances of one live run: request-span latencies (frontend clock) and the dispatch
+/// edges; the edges of the scheduler's loop (decode steps, prefill chunks, the first decode
+/// batch's scheduling, each decode batch's scheduling), whose instants are the syscalls around
+/// SGLang's stamps (docs/accuracy.md), so that a scheduler thread held off the CPU between a
+/// stamp and its next syscall moves infertrace's.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    pub latencies: Tolerance,
+    pub loop_edges: Tolerance,
+}
+
+/// One scheduler on this 2-core machine: the 1 ms at p50 and 5 ms at p99.
+pub const ONE_SCHEDULER: Bounds = Bounds {
+    latencies: Tolerance {
+        p50_s: 1e-3,
+        p99_s: 5e-3,
+    },
+    loop_edges: Tolerance {
+        p50_s: 1e-3,
+        p99_s: 5e-3,
+    },
+};
+/// Two schedulers behind a DP controller on the same 2 cores: each scheduler has a core for
+/// its model, and main, the detokenizer, the agent and the controller (which polls its socket
+/// without pause: a core's worth of CPU whenever it gets one) take turns with them, so every
+/// process is held off the CPU between a stamp and its next syscall far more often. Measured
+/// in two runs (docs/accuracy.md): time to first token p99 4.6 / 6.9 ms, decode 3.6 / 6.4 ms
+/// (p50 under 0.5 ms, as with one scheduler); decode_loop end p50 0.66-0.68 ms, p99
+/// 11.4-12.6 ms (one scheduler: 0.22 / 3 ms).
+pub const DATA_PARALLEL_ON_2_CORES: Bounds = Bounds {
+    latencies: Tolerance {
+        p50_s: 1e-3,
+        p99_s: 10e-3,
+    },
+    loop_edges: Tolerance {
+        p50_s: 2e-3,
+        p99_s: 25e-3,
+    },
+};
 /// SGLang's own "dispatched" stamp is taken after `sock_send` returns, so a main thread held
 /// off the CPU (or the GIL) after sending stamps it late: when that stamp comes after the
 /// scheduler process already had the request (SGLang's own `request_process` start, or the
@@ -174,7 +231,7 @@ fn stages<'a>(all: &'a [SpanView<'a>], request: &SpanView) -> Vec<&'a SpanView<'
 }
 
 /// Compare infertrace's JSONL (`ours`) with SGLang's OTLP spans (`theirs`).
-pub fn compare(ours: &Path, theirs: &Path) -> Report {
+pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
     let ours_json = json_lines(ours);
     let theirs_json = json_lines(theirs);
     let ours: Vec<SpanView> = ours_json.iter().filter_map(ours_view).collect();
@@ -431,25 +488,22 @@ pub fn compare(ours: &Path, theirs: &Path) -> Report {
     }
     for key in LATENCIES {
         let p50 = diffs.get(key).map_or(0.0, |v| percentile(v, 50.0));
-        if p50 > LATENCY_P50_S {
-            r.fail(format!("{key}: p50 {p50:.6} s beyond {LATENCY_P50_S} s"));
+        let limits = bounds.latencies;
+        if p50 > limits.p50_s {
+            r.fail(format!("{key}: p50 {p50:.6} s beyond {} s", limits.p50_s));
         }
         let p99 = checked.get(key).map_or(0.0, |v| percentile(v, 99.0));
-        if p99 > LATENCY_P99_S {
-            r.fail(format!("{key}: p99 {p99:.6} s beyond {LATENCY_P99_S} s"));
+        if p99 > limits.p99_s {
+            r.fail(format!("{key}: p99 {p99:.6} s beyond {} s", limits.p99_s));
         }
     }
     for key in DISPATCH_EDGES {
-        let Some(values) = diffs.get(key) else {
-            continue;
-        };
         // As for the loop's edges: the p99 of fewer than 100 values is their largest.
-        let tail = if values.len() >= 100 { 99.0 } else { 90.0 };
-        let (p50, p99) = (percentile(values, 50.0), percentile(values, tail));
-        if p50 > LATENCY_P50_S || p99 > LATENCY_P99_S {
-            r.fail(format!(
-                "{key}: p50 {p50:.6} s / p{tail} {p99:.6} s beyond {LATENCY_P50_S} / {LATENCY_P99_S} s"
-            ));
+        if let Some(failure) = diffs
+            .get(key)
+            .and_then(|values| bounds.latencies.exceeded(key, values))
+        {
+            r.fail(failure);
         }
     }
     for key in ["prefill_waiting edges", "prefill_forward edges"] {
@@ -760,13 +814,7 @@ fn their_schedules<'a>(stages: &[&'a SpanView<'a>], all: &'a [Value]) -> Vec<Sch
     out
 }
 
-/// Edges of the scheduler's loop (decode steps, prefill chunks, the first decode batch's
-/// scheduling, each decode batch's scheduling) must agree to this at p50 and p99 (p90 for
-/// fewer than 100 values) (seconds): infertrace's
-/// instants are the syscalls around SGLang's stamps (docs/accuracy.md). A prefill batch's
-/// `schedule` is SGLang's own forward entry, never later than SGLang's event.
-pub const LOOP_EDGE_P50_S: f64 = 1e-3;
-pub const LOOP_EDGE_P99_S: f64 = 5e-3;
+/// A prefill batch's `schedule` is SGLang's own forward entry, never later than SGLang's event.
 const PREFILL_SCHEDULE: &str = "schedule (prefill batch)";
 /// Main's first messages after attach are sent before the capture has matched its hand-overs
 /// to its sockets' writes (three votes): their requests' dispatch start is not known, and
@@ -781,7 +829,7 @@ const SENT_BEFORE_SOCKETS_LEARNT: usize = 3;
 /// `decode_waiting`s, and the same `schedule` events: one per batch the request was in, in the
 /// same order and forward mode, batch sizes equal where infertrace gives one, and infertrace's
 /// batch ids grouping the requests exactly as SGLang's.
-pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
+pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
     let ours_json = json_lines(ours);
     let theirs_json = json_lines(theirs);
     let ours: Vec<SpanView> = ours_json.iter().filter_map(ours_view).collect();
@@ -924,7 +972,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
             && let Some(waited) = named(&their_stages, "decode_waiting").first().map(|w| w.1)
             && !their_events.iter().any(|e| e.ns == waited)
             && let Some(at) = ours_events.iter().position(|e| {
-                e.forward_mode == "decode" && d(e.ns, waited).abs() <= LOOP_EDGE_P99_S
+                e.forward_mode == "decode" && d(e.ns, waited).abs() <= bounds.loop_edges.p99_s
             })
         {
             ours_events.remove(at);
@@ -1018,10 +1066,8 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path) -> Report {
             if latest > SCHEDULER_EDGE_S {
                 r.fail(format!("{key}: {latest:.6} s after SGLang's"));
             }
-        } else if p50 > LOOP_EDGE_P50_S || p99 > LOOP_EDGE_P99_S {
-            r.fail(format!(
-                "{key}: p50 {p50:.6} s / p{tail} {p99:.6} s beyond {LOOP_EDGE_P50_S} / {LOOP_EDGE_P99_S} s"
-            ));
+        } else if let Some(failure) = bounds.loop_edges.exceeded(key, &abs) {
+            r.fail(failure);
         }
     }
     if requests == 0 || events == 0 {

@@ -44,7 +44,12 @@ fn log_length(file: &Path) -> usize {
     std::fs::metadata(file).map_or(0, |m| m.len() as usize)
 }
 
-fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)], args: &[&str]) {
+fn spans_match_sglangs_own_tracing(
+    mode: &str,
+    envs: &[(&str, &str)],
+    args: &[&str],
+    bounds: sglang_truth::Bounds,
+) {
     let dir = temp_dir(&format!("e2e-sglang-{mode}"));
     let truth = dir.join("sglang.otlp.jsonl");
     let ours = dir.join("ours.jsonl");
@@ -92,8 +97,8 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)], args: &[&s
     // SGLang's batch span processor exports every 500 ms.
     std::thread::sleep(Duration::from_secs(5));
     receiver.write_out();
-    let mut report = sglang_truth::compare(&ours, &truth);
-    report.add(sglang_truth::compare_loop_stages(&ours, &truth));
+    let mut report = sglang_truth::compare(&ours, &truth, bounds);
+    report.add(sglang_truth::compare_loop_stages(&ours, &truth, bounds));
     report.add(sglang_truth::compare_metrics(&ours, &before, &after));
     let log = std::fs::read(&log_file).expect("SGLang's log");
     let attached = String::from_utf8_lossy(&log[log_start..log_end.min(log.len())]);
@@ -143,12 +148,36 @@ fn spans_match_sglangs_own_tracing(mode: &str, envs: &[(&str, &str)], args: &[&s
 fn sglang_pickle_ipc_spans_match_sglangs_own_tracing() {
     // Prompts over 256 tokens (the workload's long ones: ~910, its burst ones: ~300) are
     // prefilled in chunks.
-    spans_match_sglangs_own_tracing("pickle", &[], &["--chunked-prefill-size", "256"]);
+    spans_match_sglangs_own_tracing(
+        "pickle",
+        &[],
+        &["--chunked-prefill-size", "256"],
+        sglang_truth::ONE_SCHEDULER,
+    );
 }
 
 #[test]
 fn sglang_msgpack_ipc_spans_match_sglangs_own_tracing() {
-    spans_match_sglangs_own_tracing("msgpack", &[("SGLANG_USE_PICKLE_IPC", "0")], &[]);
+    spans_match_sglangs_own_tracing(
+        "msgpack",
+        &[("SGLANG_USE_PICKLE_IPC", "0")],
+        &[],
+        sglang_truth::ONE_SCHEDULER,
+    );
+}
+
+/// Data parallelism: two schedulers behind SGLang's DP controller (`--dp-size 2`, each bound to
+/// one core as SGLang's CPU build asks), whose `DP Controller` thread span and `dpc_dispatch`
+/// stage are compared with SGLang's, with everything else, to the bounds of two schedulers
+/// sharing 2 cores with everything else (`sglang_truth::DATA_PARALLEL_ON_2_CORES`).
+#[test]
+fn sglang_data_parallel_spans_match_sglangs_own_tracing() {
+    spans_match_sglangs_own_tracing(
+        "data parallel",
+        &[("SGLANG_CPU_OMP_THREADS_BIND", "0|1")],
+        &["--dp-size", "2"],
+        sglang_truth::DATA_PARALLEL_ON_2_CORES,
+    );
 }
 
 /// Retractions: SGLang retracts a running request every `SGLANG_TEST_RETRACT_INTERVAL` forward

@@ -279,8 +279,11 @@ fn sglang_request_and_stage_spans_agree_with_sglangs_own() {
             std::fs::read_to_string(fixture(&format!("sglang-0.5.23-{mode}.{suffix}")))
                 .expect("fixture")
         };
-        let mut report =
-            sglang_truth::compare(&out, &fixture(&format!("sglang-0.5.23-{mode}.otlp.jsonl")));
+        let mut report = sglang_truth::compare(
+            &out,
+            &fixture(&format!("sglang-0.5.23-{mode}.otlp.jsonl")),
+            sglang_truth::ONE_SCHEDULER,
+        );
         report.add(sglang_truth::compare_metrics(
             &out,
             &read("metrics-before.txt"),

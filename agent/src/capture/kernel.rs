@@ -90,8 +90,8 @@ pub struct KernelOptions {
     /// Leave traced processes' libzmq unprobed (their sends are then timed by the I/O
     /// thread's mailbox write, or its write to the socket).
     pub no_zmq_probe: bool,
-    /// Leave SGLang main processes' `pickle.dumps` unprobed (no `api_server_dispatch`: the
-    /// `tokenize` span then covers it).
+    /// Leave SGLang main processes' and DP controllers' `pickle.dumps` unprobed (no
+    /// `api_server_dispatch`: the `tokenize` span then covers it; no `dpc_dispatch`).
     pub no_pickle_probe: bool,
 }
 

@@ -44,7 +44,8 @@ pub struct LiveCapture {
     pub cuda: CudaWatch,
     /// Traced processes' libzmq: its sends probed.
     pub zmq: ZmqWatch,
-    /// SGLang main processes' `pickle.dumps`: when each request's dispatch began.
+    /// SGLang main processes' and DP controllers' `pickle.dumps`: when each request's
+    /// dispatch began.
     pub pickle: PickleWatch,
     /// Traced Python processes: sampled, their stacks named.
     pub python: PythonWatch,

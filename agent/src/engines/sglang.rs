@@ -818,6 +818,9 @@ mod tests {
             r(0, 1, None)
         );
         assert_eq!(scheduler_ranks(&title("sglang::detokenizer")), None);
+        assert!(is_dp_controller(&title("sglang::data_parallel_controller")));
+        assert!(!is_dp_controller(&title("sglang::scheduler_DP0")));
+        assert!(!is_dp_controller(&[]));
         assert_eq!(scheduler_ranks(&["python".into(), "-m".into()]), None);
         assert_eq!(scheduler_ranks(&[]), None);
     }
@@ -848,6 +851,55 @@ mod tests {
             (t.scheduler_pid, t.scheduler_recv_ns),
             (Some(20), Some(2_030))
         );
+    }
+
+    #[test]
+    fn a_request_is_followed_through_the_dp_controller_in_whatever_order_its_hops_are_decoded() {
+        let mut tracker = SglangTracker::default();
+        let (main, controller, scheduler) = (10, 11, 12);
+        let process = |pid: u32, title: &str| {
+            Decoded::Process(crate::capture::ProcessInfo {
+                pid,
+                ppid: None,
+                comm: String::new(),
+                cmdline: vec![title.to_owned()],
+            })
+        };
+        tracker.feed(&process(controller, "sglang::data_parallel_controller"));
+        tracker.feed(&process(scheduler, "sglang::scheduler_DP1"));
+        let request = |rid: &str| {
+            SglangMessage::Request(Box::new(SglangRequest {
+                rid: rid.into(),
+                ..SglangRequest::default()
+            }))
+        };
+        // In order: main's send, the controller's receipt and send, the scheduler's receipt.
+        tracker.message(main, true, request("r1"), 100, 110);
+        tracker.message(controller, false, request("r1"), 115, 120);
+        tracker.message(controller, true, request("r1"), 130, 140);
+        tracker.message(scheduler, false, request("r1"), 145, 150);
+        // The controller's and the scheduler's records decoded before main's send.
+        tracker.message(controller, false, request("r2"), 215, 220);
+        tracker.message(controller, true, request("r2"), 230, 240);
+        tracker.message(scheduler, false, request("r2"), 245, 250);
+        tracker.message(main, true, request("r2"), 200, 210);
+        for (rid, at) in [("r1", 0), ("r2", 100)] {
+            let t = tracker.in_flight.get_mut(rid).expect("in flight");
+            assert_eq!((t.frontend_pid, t.sent_ns), (main, 100 + at));
+            let hop = t.dp_controller.expect("the controller's hop");
+            assert_eq!(
+                (hop.pid, hop.received_ns, hop.sent_ns),
+                (controller, Some(120 + at), Some(130 + at))
+            );
+            assert_eq!(
+                (t.scheduler_pid, t.scheduler_recv_ns),
+                (Some(scheduler), Some(150 + at))
+            );
+            assert_eq!(t.scheduler_ranks.and_then(|r| r.dp), Some(1));
+        }
+        // The controller's sends are not requests of their own.
+        assert_eq!(tracker.stats.requests, 2);
+        assert!(tracker.early_receipts.is_empty());
     }
 
     #[test]

@@ -980,6 +980,85 @@ mod tests {
     }
 
     #[test]
+    fn a_request_through_the_dp_controller_has_its_thread_and_dpc_dispatch_between_main_and_the_scheduler()
+     {
+        use crate::engines::sglang::{DpControllerHop, Ranks};
+        const US: u64 = 1_000;
+        const MS: u64 = 1_000 * US;
+        let hop = DpControllerHop {
+            pid: 12,
+            received_ns: Some(100 * MS + 100 * US),
+            sent_ns: Some(100 * MS + 500 * US),
+            dispatch_start_ns: Some(100 * MS + 300 * US),
+        };
+        let t = SglangTimeline {
+            // Created at 90 ms (SGLang's own stamp), dispatched from 99 ms.
+            trace: Some(crate::decode::sglang::TraceContext {
+                start_time_ns: Some(90 * MS),
+                ..Default::default()
+            }),
+            dispatch_start_ns: Some(99 * MS),
+            dp_controller: Some(hop),
+            scheduler_ranks: Some(Ranks {
+                tp: 0,
+                pp: 0,
+                dp: Some(1),
+            }),
+            ..streamed_three_outputs()
+        };
+        let spans = spans_at_level(t.clone(), 3);
+        let find = |name: &str| spans.iter().find(|s| s.name.starts_with(name));
+        let controller = find("DP Controller(").expect("the controller's thread span");
+        assert_eq!(controller.name, "DP Controller(host:unknown | pid:12)");
+        assert_eq!(
+            (
+                controller.start_time_unix_nano,
+                controller.end_time_unix_nano
+            ),
+            (100 * MS + 100 * US, 100 * MS + 500 * US)
+        );
+        let request = find(" Req ").expect("request span");
+        assert_eq!(controller.parent_span_id, Some(request.span_id));
+        let dispatch = find("dpc_dispatch").expect("dpc_dispatch");
+        assert_eq!(dispatch.parent_span_id, Some(controller.span_id));
+        assert_eq!(
+            (dispatch.start_time_unix_nano, dispatch.end_time_unix_nano),
+            (100 * MS + 300 * US, 100 * MS + 500 * US)
+        );
+        // Linked as SGLang links them: main's dispatch, the controller's, the scheduler's.
+        let main_dispatch = find("api_server_dispatch").expect("api_server_dispatch");
+        assert_eq!(dispatch.links, [main_dispatch.span_id]);
+        let next: Vec<&str> = spans
+            .iter()
+            .filter(|s| s.links == [dispatch.span_id])
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(next, ["decode_forward"]);
+        let scheduler = find("Scheduler").expect("scheduler thread span");
+        assert!(
+            scheduler
+                .name
+                .starts_with("Scheduler [TP 0]  [PP 0]  [DP 1] (host:"),
+            "{}",
+            scheduler.name
+        );
+        // Level 1: the thread span without its level-2 stage; no dispatch start: likewise.
+        let spans = spans_at_level(t.clone(), 1);
+        assert!(spans.iter().any(|s| s.name.starts_with("DP Controller(")));
+        assert!(!spans.iter().any(|s| s.name == "dpc_dispatch"));
+        let unknown = SglangTimeline {
+            dp_controller: Some(DpControllerHop {
+                dispatch_start_ns: None,
+                ..hop
+            }),
+            ..t
+        };
+        let spans = spans_at_level(unknown, 3);
+        assert!(spans.iter().any(|s| s.name.starts_with("DP Controller(")));
+        assert!(!spans.iter().any(|s| s.name == "dpc_dispatch"));
+    }
+
+    #[test]
     fn a_retraction_goes_on_the_stage_that_covers_it_else_on_the_thread() {
         const MS: u64 = 1_000_000;
         let t = SglangTimeline {
