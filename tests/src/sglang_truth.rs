@@ -55,8 +55,8 @@ pub const ONE_SCHEDULER: Bounds = Bounds {
 /// its model, and main, the detokenizer, the agent and the controller (which polls its socket
 /// without pause: a core's worth of CPU whenever it gets one) take turns with them, so every
 /// process is held off the CPU between a stamp and its next syscall far more often. Measured
-/// in two runs (docs/accuracy.md): time to first token p99 4.6 / 6.9 ms, decode 3.6 / 6.4 ms
-/// (p50 under 0.5 ms, as with one scheduler); decode_loop end p50 0.66-0.68 ms, p99
+/// in three runs (docs/accuracy.md): time to first token p99 3.3-6.9 ms, decode 3.6-6.4 ms
+/// (p50 at most 0.5 ms, as with one scheduler); decode_loop end p50 0.66-0.90 ms, p99
 /// 11.4-12.6 ms (one scheduler: 0.22 / 3 ms).
 pub const DATA_PARALLEL_ON_2_CORES: Bounds = Bounds {
     latencies: Tolerance {

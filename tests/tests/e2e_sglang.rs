@@ -1,5 +1,6 @@
 //! End to end on the real SGLang 0.5.23 (CPU, tiny model; `cargo xtask engine sglang`
-//! installs it on first use), in both of its IPC encodings: SGLang runs with its own tracing
+//! installs it on first use), in both of its IPC encodings and with data parallelism (two
+//! schedulers behind SGLang's DP controller): SGLang runs with its own tracing
 //! (`--enable-trace`, level 3) and `--enable-metrics`, `infertrace attach` traces its main
 //! process and children, the workload runs (five rounds of workload.py --quick: streaming and non-streaming
 //! chat and completions, n=2, concurrent requests, client aborts, invalid requests; and the

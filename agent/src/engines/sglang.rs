@@ -50,6 +50,9 @@ const MAX_RETRACTIONS_PER_REQUEST: usize = 64;
 /// Requests whose receipts (or the DP controller's send) are held until main's send of them is
 /// decoded.
 const MAX_EARLY_RECEIPTS: usize = 1024;
+/// Hops held per request: a request makes three (the DP controller's receipt and send, the
+/// scheduler's receipt); more are a rid used twice, or bytes that only look like requests.
+const MAX_EARLY_HOPS: usize = 3;
 
 /// A scheduler's parallel ranks, as SGLang's thread span names show them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -644,10 +647,10 @@ impl SglangTracker {
             // Requests whose send never came (sent before attach).
             self.early_receipts.clear();
         }
-        self.early_receipts
-            .entry(rid.to_owned())
-            .or_default()
-            .push((pid, hop, ns));
+        let held = self.early_receipts.entry(rid.to_owned()).or_default();
+        if held.len() < MAX_EARLY_HOPS {
+            held.push((pid, hop, ns));
+        }
     }
 
     fn output(&mut self, item: &RidOutput, recv_ns: u64) {
