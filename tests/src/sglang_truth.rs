@@ -163,8 +163,11 @@ fn linked_names<'a>(all: &'a [SpanView<'a>], span: &SpanView) -> Vec<&'a str> {
         .collect()
 }
 
+/// A request span: `{role} Req {rid[:8]}`, role empty or a PD role.
 fn is_request(s: &SpanView) -> bool {
-    s.name.starts_with(" Req ")
+    s.name
+        .split_once(" Req ")
+        .is_some_and(|(role, _)| matches!(role, "" | "prefill" | "decode"))
 }
 
 fn rid<'a>(s: &SpanView<'a>) -> &'a str {
@@ -214,10 +217,15 @@ fn stamp_within_dispatch(
     }
 }
 
-/// The thread span labelled `label` under request span `parent`.
+/// The thread span labelled `label` under request span `parent`, whatever its PD role prefix
+/// (`Decode Scheduler`, `DecodeTokenizer`).
 fn thread_span<'a>(all: &'a [SpanView<'a>], parent: &str, label: &str) -> Option<&'a SpanView<'a>> {
-    all.iter()
-        .find(|s| s.parent == parent && s.name.starts_with(label) && s.name.contains("(host:"))
+    all.iter().find(|s| {
+        s.parent == parent
+            && s.name
+                .split_once("(host:")
+                .is_some_and(|(name, _)| name.contains(label))
+    })
 }
 
 /// Stage spans of a request: the children of its thread spans.
@@ -296,10 +304,7 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
             }
         }
         let their_stages = stages(&theirs, theirs_req);
-        let ours_thread = |label: &str| {
-            ours.iter()
-                .find(|s| s.parent == ours_req.id && s.name.starts_with(label))
-        };
+        let ours_thread = |label: &str| thread_span(&ours, ours_req.id, label);
         let ours_scheduler_start = ours_thread("Scheduler").map(|s| s.start);
         let late = dispatch_lag(&their_stages, ours_scheduler_start)
             .unwrap_or(0.0)
@@ -342,7 +347,7 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
         // n>1: SGLang files the warm-up's scheduler stages under the parent request.
         let has_scheduler = theirs
             .iter()
-            .any(|s| s.parent == theirs_req.id && s.name.starts_with("Scheduler"));
+            .any(|s| s.parent == theirs_req.id && s.name.contains("Scheduler"));
         if !has_scheduler {
             continue;
         }
@@ -394,7 +399,8 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
             // api_server_dispatch; without the loop, its decode_forward for SGLang's
             // decode_waiting + decode_forward; without the DP controller's serialization
             // (its first requests, see compare_loop_stages) request_process links to main's
-            // last stage.
+            // last stage; on a PD decode server, whose stages before the queue are not
+            // produced (compare_pd_decode), decode_waiting links to the last stage before.
             let (ours_links, theirs_links) = (
                 linked_names(&ours, stage),
                 linked_names(&theirs, theirs_stage),
@@ -406,6 +412,8 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
                         || (*a == "prefill_forward" && *b == "decode_waiting")
                         || (matches!(*a, "tokenize" | "api_server_dispatch")
                             && *b == "dpc_dispatch")
+                        || (matches!(*a, "tokenize" | "api_server_dispatch" | "dpc_dispatch")
+                            && *b == "decode_transferred")
                 });
             if same {
                 links_compared += ours_links.len();
@@ -1072,6 +1080,142 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
     }
     if requests == 0 || events == 0 {
         r.fail("no request's loop stages compared".to_string());
+    }
+    r
+}
+
+/// A PD decode server's stages before its queue, whose instants are on no wire infertrace
+/// reads (docs/accuracy.md): not produced.
+const DECODE_NODE_UNMEASURED: [&str; 4] = [
+    "decode_prepare",
+    "decode_bootstrap",
+    "decode_transferred",
+    "fake_output",
+];
+
+/// A PD decode server (SGLang's fake transfer backend): every request span has SGLang's name
+/// and `bootstrap_room`; infertrace has every stage SGLang produced but the ones it cannot
+/// measure (`DECODE_NODE_UNMEASURED`, and the decode loops of a request not streamed, which
+/// the loop does not follow on a decode server yet); `decode_waiting` (the scheduler's own
+/// instants) and `decode_forward`'s start to float precision; a streamed request's decode
+/// loops one for one, their edges within `bounds.loop_edges`. `streamed`: the rids the
+/// client streamed.
+pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: Bounds) -> Report {
+    let ours_json = json_lines(ours);
+    let theirs_json = json_lines(theirs);
+    let ours: Vec<SpanView> = ours_json.iter().filter_map(ours_view).collect();
+    let theirs: Vec<SpanView> = theirs_json.iter().map(their_view).collect();
+    let mut r = Report::default();
+    let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
+    let (mut requests, mut exact) = (0, Vec::new());
+    let mut loop_edges = Vec::new();
+    let mut by_start: Vec<&SpanView> = ours.iter().filter(|s| is_request(s)).collect();
+    by_start.sort_by_key(|s| s.start);
+    let first_sent: Vec<&str> = by_start
+        .iter()
+        .take(SENT_BEFORE_SOCKETS_LEARNT)
+        .map(|s| rid(s))
+        .collect();
+    let their_requests = theirs
+        .iter()
+        .filter(|s| is_request(s) && !rid(s).starts_with("HEALTH_CHECK_"));
+    for theirs_req in their_requests {
+        let id = rid(theirs_req);
+        let Some(ours_req) = ours.iter().find(|s| is_request(s) && rid(s) == id) else {
+            r.fail(format!("{id}: no request span"));
+            continue;
+        };
+        requests += 1;
+        let room = |s: &SpanView| s.attributes["bootstrap_room"].clone();
+        if ours_req.name != theirs_req.name || room(ours_req) != room(theirs_req) {
+            r.fail(format!(
+                "{id}: {:?} bootstrap_room {}, SGLang {:?} {}",
+                ours_req.name,
+                room(ours_req),
+                theirs_req.name,
+                room(theirs_req)
+            ));
+        }
+        let (ours_stages, their_stages) = (
+            stages_within(&ours, ours_req),
+            stages_within(&theirs, theirs_req),
+        );
+        let is_streamed = streamed.contains(&id);
+        // As in compare_loop_stages: main's first requests have one tokenize that says so.
+        let covers_dispatch = ours_stages
+            .iter()
+            .any(|s| s.name == "tokenize" && s.attributes["infertrace.includes_dispatch"] == true);
+        for theirs_stage in &their_stages {
+            let name = theirs_stage.name;
+            let unmeasured = DECODE_NODE_UNMEASURED.contains(&name)
+                || (name == "decode_loop" && !is_streamed)
+                || (name == "api_server_dispatch" && covers_dispatch && first_sent.contains(&id));
+            if !unmeasured && !ours_stages.iter().any(|s| s.name == name) {
+                r.fail(format!("{id}: infertrace has no {name}"));
+            }
+        }
+        let named = |all: &[&SpanView], name: &str| -> Vec<(u64, u64)> {
+            let mut v: Vec<(u64, u64)> = all
+                .iter()
+                .filter(|s| s.name == name)
+                .map(|s| (s.start, s.end))
+                .collect();
+            v.sort();
+            v
+        };
+        for (name, start_only) in [("decode_waiting", false), ("decode_forward", true)] {
+            if let (Some(a), Some(b)) = (
+                named(&ours_stages, name).first(),
+                named(&their_stages, name).first(),
+            ) {
+                exact.push(d(a.0, b.0));
+                if !start_only {
+                    exact.push(d(a.1, b.1));
+                }
+            }
+        }
+        if is_streamed {
+            let (a, b) = (
+                named(&ours_stages, "decode_loop"),
+                named(&their_stages, "decode_loop"),
+            );
+            if a.len() != b.len() {
+                r.fail(format!(
+                    "{id}: {} decode_loop spans, SGLang {}",
+                    a.len(),
+                    b.len()
+                ));
+            }
+            for (a, b) in a.iter().zip(&b) {
+                loop_edges.extend([d(a.0, b.0), d(a.1, b.1)]);
+            }
+        }
+    }
+    let largest = percentile(&exact, 100.0);
+    let _ = writeln!(
+        r.text,
+        "PD decode server: {requests} requests; decode_waiting edges and decode_forward start \
+         ({} values): |infertrace - SGLang| max {:.4} ms; streamed decode_loop edges ({} values): \
+         p50 {:.4} ms, max {:.4} ms",
+        exact.len(),
+        largest * 1e3,
+        loop_edges.len(),
+        percentile(&loop_edges, 50.0) * 1e3,
+        percentile(&loop_edges, 100.0) * 1e3
+    );
+    if requests == 0 || exact.is_empty() || loop_edges.is_empty() {
+        r.fail("nothing of a PD decode server compared".to_string());
+    }
+    if largest > SCHEDULER_EDGE_S {
+        r.fail(format!(
+            "decode_waiting / decode_forward start: {largest:.9} s beyond {SCHEDULER_EDGE_S} s"
+        ));
+    }
+    if let Some(failure) = bounds
+        .loop_edges
+        .exceeded("streamed decode_loop edges", &loop_edges)
+    {
+        r.fail(failure);
     }
     r
 }

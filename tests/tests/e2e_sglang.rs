@@ -223,3 +223,72 @@ fn sglang_retractions_match_sglangs_own_retract_events() {
     drop(cleanup);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// PD disaggregation, the decode side: SGLang's fake transfer backend makes a decode server
+/// that needs no prefill server (requests name its fake bootstrap host; nothing is
+/// transferred), running the decode node's real code paths. Its request spans (`decode Req
+/// …`, `bootstrap_room`), thread spans (`DecodeTokenizer`, `Decode Scheduler …`) and the stages
+/// infertrace measures there (`decode_waiting`, `decode_forward`, a streamed request's
+/// `decode_loop`s) are compared with SGLang's own (`sglang_truth::compare_pd_decode`).
+#[test]
+fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
+    let dir = temp_dir("e2e-sglang-pd-decode");
+    let truth = dir.join("sglang.otlp.jsonl");
+    let ours = dir.join("ours.jsonl");
+    let client = dir.join("client.json");
+    let mut cleanup = Cleanup::default();
+    let receiver = otlp_receiver(&mut cleanup, &truth);
+    let otlp = format!("127.0.0.1:{}", receiver.grpc_port);
+    let envs = [
+        ("TRACE", "1"),
+        ("OTLP", otlp.as_str()),
+        ("SGLANG_TRACE_LEVEL", "3"),
+    ];
+    // A decode server's default retraction backup is a pinned host pool (CUDA only).
+    let args = [
+        "--enable-metrics",
+        "--disaggregation-mode",
+        "decode",
+        "--disaggregation-transfer-backend",
+        "fake",
+        "--disaggregation-decode-retraction-backup",
+        "cpu_tensor",
+    ];
+    let main_pid = cleanup.fresh_engine(EngineKind::Sglang, PORT, &args, &envs);
+    let agent = attach(&main_pid, &ours, free_port());
+    let status = Command::new("python3")
+        .arg(script("sglang", "native_workload.py"))
+        .args([
+            "--base",
+            &format!("http://127.0.0.1:{PORT}"),
+            "--pd-decode",
+            "60",
+        ])
+        .arg("--out")
+        .arg(&client)
+        .status()
+        .expect("running native_workload.py");
+    assert!(status.success(), "native_workload.py --pd-decode failed");
+    std::thread::sleep(Duration::from_secs(2));
+    let stderr = stop(agent);
+    std::thread::sleep(Duration::from_secs(5));
+    receiver.write_out();
+    let records: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&client).expect("the client's records"))
+            .expect("the client's records as JSON");
+    let streamed: Vec<&str> = records
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["stream"] == true)
+        .filter_map(|r| r["rid"].as_str())
+        .collect();
+    let bounds = sglang_truth::ONE_SCHEDULER;
+    let mut report = sglang_truth::compare(&ours, &truth, bounds);
+    report.add(sglang_truth::compare_pd_decode(
+        &ours, &truth, &streamed, bounds,
+    ));
+    report.print_and_check("PD decode server:\n", &stderr);
+    drop(cleanup);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -121,6 +121,51 @@ fn launches_server(cmdline: &[String]) -> bool {
     })
 }
 
+/// A server's part under PD disaggregation (`--disaggregation-mode prefill|decode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PdRole {
+    Prefill,
+    Decode,
+}
+
+impl PdRole {
+    /// As SGLang writes it in its request span's name (`{role} Req …`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PdRole::Prefill => "prefill",
+            PdRole::Decode => "decode",
+        }
+    }
+
+    /// As SGLang prefixes its thread labels (`Decode Scheduler`, `DecodeTokenizer`).
+    pub fn label(self) -> &'static str {
+        match self {
+            PdRole::Prefill => "Prefill",
+            PdRole::Decode => "Decode",
+        }
+    }
+}
+
+/// The server's PD role, from its main process's command line: None for a server that is not
+/// disaggregated (`null`, SGLang's default) and for other processes.
+pub fn server_pd_role(cmdline: &[String]) -> Option<PdRole> {
+    if !launches_server(cmdline) {
+        return None;
+    }
+    let mode = cmdline
+        .iter()
+        .enumerate()
+        .find_map(|(i, arg)| match arg.as_str() {
+            "--disaggregation-mode" => cmdline.get(i + 1).map(String::as_str),
+            _ => arg.strip_prefix("--disaggregation-mode="),
+        });
+    match mode? {
+        "prefill" => Some(PdRole::Prefill),
+        "decode" => Some(PdRole::Decode),
+        _ => None,
+    }
+}
+
 /// Whether the server's schedulers run the overlap loop (SGLang's default; off with
 /// `--disable-overlap-schedule`), from its main process's command line; None for others.
 pub fn server_overlaps(cmdline: &[String]) -> Option<bool> {
@@ -210,6 +255,8 @@ pub struct SglangTimeline {
     pub loop_view: Option<LoopView>,
     /// Its server's schedulers run the overlap loop.
     pub overlap: bool,
+    /// Its server's part under PD disaggregation.
+    pub pd_role: Option<PdRole>,
     /// Main sent an `AbortReq` for it (the client went away).
     pub aborted_by_frontend: bool,
     /// The scheduler dropped it from its queue (an `AbortReq` back to main, no output): SGLang
@@ -396,6 +443,8 @@ pub struct SglangTracker {
     stream_intervals: HashMap<u32, u64>,
     /// Main processes whose schedulers do not run the overlap loop.
     no_overlap: HashSet<u32>,
+    /// Main processes of PD-disaggregated servers, and their part.
+    pd_roles: HashMap<u32, PdRole>,
     loops: SchedulerLoops,
     in_flight: InFlight<SglangTimeline>,
     joiner: Joiner<SglangTimeline>,
@@ -420,6 +469,7 @@ impl Default for SglangTracker {
             dp_controllers: HashSet::new(),
             stream_intervals: HashMap::new(),
             no_overlap: HashSet::new(),
+            pd_roles: HashMap::new(),
             loops: SchedulerLoops::default(),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
             joiner: Joiner::default(),
@@ -507,6 +557,9 @@ impl SglangTracker {
                 if server_overlaps(&info.cmdline) == Some(false) {
                     self.no_overlap.insert(info.pid);
                 }
+                if let Some(role) = server_pd_role(&info.cmdline) {
+                    self.pd_roles.insert(info.pid, role);
+                }
             }
             Decoded::Zmtp {
                 tgid,
@@ -564,6 +617,7 @@ impl SglangTracker {
                 self.stats.requests += 1;
                 let mut timeline = SglangTimeline::new(&r, tgid, first_ns);
                 timeline.overlap = !self.no_overlap.contains(&tgid);
+                timeline.pd_role = self.pd_roles.get(&tgid).copied();
                 timeline.stream_interval = r
                     .sampling
                     .stream_interval
@@ -798,6 +852,21 @@ mod tests {
             None
         );
         assert_eq!(interval("sglang::scheduler"), None);
+        let role = |s: &str| server_pd_role(&args(s));
+        assert_eq!(role("python -m sglang.launch_server --model-path m"), None);
+        assert_eq!(
+            role("python -m sglang.launch_server --disaggregation-mode decode"),
+            Some(PdRole::Decode)
+        );
+        assert_eq!(
+            role("/venv/bin/sglang serve --disaggregation-mode=prefill"),
+            Some(PdRole::Prefill)
+        );
+        assert_eq!(
+            role("python -m sglang.launch_server --disaggregation-mode null"),
+            None
+        );
+        assert_eq!(role("sglang::scheduler --disaggregation-mode decode"), None);
         assert_eq!(
             interval("python -m vllm.entrypoints.openai.api_server"),
             None

@@ -56,7 +56,7 @@ use super::{
 use crate::decode::openai::{ApiCall, Operation};
 use crate::engines::{
     join::{ApiExchange, EngineSide},
-    sglang::{Ranks, SglangTimeline, SglangTrace},
+    sglang::{PdRole, Ranks, SglangTimeline, SglangTrace},
 };
 
 /// The spans of one SGLang request trace, parents before children.
@@ -261,8 +261,9 @@ fn request_spans(
     let mut a: Attributes = Vec::with_capacity(20);
     a.push(("rid", rid.into()));
     a.push(("module", "sglang::request".into()));
-    if let Some(room) = t.bootstrap_room {
-        a.push(("bootstrap_room", format!("{room:x}").into()));
+    // As SGLang writes it (`hex(room)`), and only when it is set.
+    if let Some(room) = t.bootstrap_room.filter(|&room| room != 0) {
+        a.push(("bootstrap_room", format!("{room:#x}").into()));
     }
     a.push(("gen_ai.request.id", t.rid.as_str().into()));
     let call = api.map(|a| &a.call);
@@ -330,7 +331,11 @@ fn request_spans(
         trace_id,
         span_id: ids.span_id(),
         parent_span_id: parent,
-        name: format!(" Req {}", rid.get(..8).unwrap_or(rid)),
+        name: format!(
+            "{} Req {}",
+            t.pd_role.map_or("", PdRole::name),
+            rid.get(..8).unwrap_or(rid)
+        ),
         start_time_unix_nano: at.created,
         end_time_unix_nano: end,
         attributes: a,
@@ -348,13 +353,17 @@ fn request_spans(
         previous_stage: None,
     };
     let host = options.host_id.as_deref();
+    // SGLang's HTTP server: `DecodeTokenizer`, the other processes `Decode Scheduler`, ...
+    let role = t.pd_role.map_or(String::new(), |r| r.label().to_owned());
+    let tokenizer_label = format!("{role}Tokenizer");
     let tokenizer = b.thread(
-        thread_name("Tokenizer", host, t.frontend_pid),
+        thread_name(&tokenizer_label, host, t.frontend_pid),
         (at.created, at.dispatched),
         request_id,
-        thread_attributes("Tokenizer", host, t.frontend_pid),
+        thread_attributes(&tokenizer_label, host, t.frontend_pid),
         None,
     );
+    let role = if role.is_empty() { role } else { role + " " };
     // SGLang never ends the tokenize stage of an n>1 call's samples and prefix warm-up (each
     // gets fresh time stats that `set_tokenize_finish_time` never sees): their dispatch stage
     // opens inside it, as its child, and the tokenize runs to the dispatch's end.
@@ -393,11 +402,12 @@ fn request_spans(
         && let (Some(received), Some(sent)) = (d.received_ns, d.sent_ns)
     {
         let sent = clock.unix_ns(sent);
+        let label = format!("{role}{DP_CONTROLLER}");
         let controller = b.thread(
-            thread_name(DP_CONTROLLER, host, d.pid),
+            thread_name(&label, host, d.pid),
             (clock.unix_ns(received), sent),
             request_id,
-            thread_attributes(DP_CONTROLLER, host, d.pid),
+            thread_attributes(&label, host, d.pid),
             None,
         );
         if let Some(start) = d.dispatch_start_ns {
@@ -411,7 +421,8 @@ fn request_spans(
     let recv = clock.unix_ns(recv);
     let completion = t.scheduler_output_ns.last().map(|n| clock.unix_ns(*n));
     let ranks = t.scheduler_ranks;
-    let mut attributes = thread_attributes("Scheduler", host, pid);
+    let label = format!("{role}Scheduler");
+    let mut attributes = thread_attributes(&label, host, pid);
     if let Some(r) = ranks {
         attributes.push(("tp_rank", i64::from(r.tp).into()));
         attributes.push(("pp_rank", i64::from(r.pp).into()));
@@ -423,7 +434,7 @@ fn request_spans(
     }
     let thread_index = b.out.len();
     let scheduler = b.thread(
-        thread_name(&scheduler_label(ranks), host, pid),
+        thread_name(&scheduler_label(&label, ranks), host, pid),
         (recv, completion.unwrap_or(recv)),
         request_id,
         attributes,
@@ -468,25 +479,29 @@ fn scheduler_stages(
 ) {
     let mono = |s: f64| clock.unix_ns_of_mono_secs(s);
     let times = t.times.unwrap_or_default();
-    let stages = [
-        (
-            "request_process",
-            Some(recv),
-            times.wait_queue_entry.map(mono),
-        ),
-        (
-            "prefill_waiting",
-            times.wait_queue_entry.map(mono),
-            times.forward_entry.map(mono),
-        ),
-        (
-            "prefill_forward",
-            times.forward_entry.map(mono),
-            times.prefill_finished.map(mono),
-        ),
-    ];
+    let (queued, forward, prefilled) = (
+        times.wait_queue_entry.map(mono),
+        times.forward_entry.map(mono),
+        times.prefill_finished.map(mono),
+    );
+    // `request_process` is a unified server's. A PD server's scheduler has its own stages
+    // before the queue (prefill: prefill_prepare, prefill_bootstrap; decode: decode_prepare,
+    // decode_bootstrap, decode_transferred), whose instants are not on the wire: left out. A
+    // decode server's wait in the queue is its `decode_waiting`, and it has no prefill.
+    let stages: &[(&str, Option<u64>, Option<u64>)] = match t.pd_role {
+        None => &[
+            ("request_process", Some(recv), queued),
+            ("prefill_waiting", queued, forward),
+            ("prefill_forward", forward, prefilled),
+        ],
+        Some(PdRole::Prefill) => &[
+            ("prefill_waiting", queued, forward),
+            ("prefill_forward", forward, prefilled),
+        ],
+        Some(PdRole::Decode) => &[("decode_waiting", queued, forward)],
+    };
     let mut prefill = None;
-    for (name, start, end) in stages {
+    for &(name, start, end) in stages {
         if let (Some(start), Some(end)) = (start, end) {
             let stage = b.stage(name, start, end, scheduler, Vec::new());
             if name == "prefill_forward" {
@@ -510,10 +525,15 @@ fn scheduler_stages(
         .iter()
         .map(|n| clock.unix_ns(*n))
         .collect();
-    let prefill_end = times
-        .prefill_finished
-        .map(mono)
-        .or_else(|| t.stream.then(|| steps.first().copied()).flatten());
+    // A decode server's decode starts at its forward entry (SGLang's `fake_output`, the prefill
+    // node's token put out, then the decode loops from that output on).
+    let decode_node = t.pd_role == Some(PdRole::Decode);
+    let first_output = t.stream.then(|| steps.first().copied()).flatten();
+    let prefill_end = if decode_node {
+        forward
+    } else {
+        prefilled.or(first_output)
+    };
     let (Some(prefill_end), Some(end)) = (prefill_end, completion) else {
         return;
     };
@@ -532,9 +552,11 @@ fn scheduler_stages(
     let Some(decode) = b.stage("decode_forward", start, end, scheduler, Vec::new()) else {
         return;
     };
-    let first_loop_start = view
-        .and_then(|v| v.first_loop_start)
-        .map_or(start, |ns| clock.unix_ns(ns));
+    let first_loop_start = match view.and_then(|v| v.first_loop_start) {
+        Some(ns) => clock.unix_ns(ns),
+        None if decode_node => first_output.unwrap_or(start),
+        None => start,
+    };
     // Each loop ends at the output it sent (streamed), else where the loop processed its step.
     let ends: Vec<u64> = match (t.stream, view) {
         (true, _) => steps.iter().skip(1).copied().collect(),
@@ -713,13 +735,14 @@ fn ended_by_scheduler(t: &SglangTimeline) -> Option<String> {
         .then(|| finish.message.clone().unwrap_or_else(|| "Aborted".into()))
 }
 
-/// SGLang's label of a scheduler thread: `Scheduler [TP t]  [PP p] ` (and ` [DP d] `), each
-/// rank padded with spaces as trace.py writes it; no ranks when the title was not seen.
-fn scheduler_label(ranks: Option<Ranks>) -> String {
+/// SGLang's name of a scheduler thread: its label (`Scheduler`, `Decode Scheduler`), then
+/// `[TP t]  [PP p] ` (and ` [DP d] `), each rank padded with spaces as trace.py writes it; no
+/// ranks when the title was not seen.
+fn scheduler_label(label: &str, ranks: Option<Ranks>) -> String {
     let Some(r) = ranks else {
-        return "Scheduler".into();
+        return label.into();
     };
-    let mut label = format!("Scheduler [TP {}]  [PP {}] ", r.tp, r.pp);
+    let mut label = format!("{label} [TP {}]  [PP {}] ", r.tp, r.pp);
     if let Some(dp) = r.dp {
         label.push_str(&format!(" [DP {dp}] "));
     }
@@ -1056,6 +1079,89 @@ mod tests {
         let spans = spans_at_level(unknown, 3);
         assert!(spans.iter().any(|s| s.name.starts_with("DP Controller(")));
         assert!(!spans.iter().any(|s| s.name == "dpc_dispatch"));
+    }
+
+    #[test]
+    fn a_pd_decode_servers_request_is_named_and_staged_as_sglang_does() {
+        use crate::decode::sglang::SchedulerTimes;
+        use crate::engines::sglang::{PdRole, Ranks};
+        const MS: u64 = 1_000_000;
+        let secs = |ms: u64| Some(ms as f64 / 1e3);
+        let t = SglangTimeline {
+            pd_role: Some(PdRole::Decode),
+            bootstrap_room: Some(1001),
+            scheduler_ranks: Some(Ranks::default()),
+            // Queued at 104 ms (the transfer done), forward entry at 106 ms; no prefill.
+            times: Some(SchedulerTimes {
+                wait_queue_entry: secs(104),
+                forward_entry: secs(106),
+                ..SchedulerTimes::default()
+            }),
+            ..streamed_three_outputs()
+        };
+        let spans = spans_at_level(t, 3);
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "decode Req 01234567",
+                "DecodeTokenizer(host:unknown | pid:10)",
+                "tokenize",
+                "Decode Scheduler [TP 0]  [PP 0] (host:unknown | pid:11)",
+                "decode_waiting",
+                "decode_forward",
+                "decode_loop",
+                "decode_loop",
+            ]
+        );
+        let get = |name: &str| spans.iter().find(|s| s.name == name).expect(name);
+        let attribute = |span: &Span, key: &str| {
+            span.attributes
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            attribute(get("decode Req 01234567"), "bootstrap_room"),
+            Some("0x3e9".into())
+        );
+        assert_eq!(
+            attribute(
+                get("Decode Scheduler [TP 0]  [PP 0] (host:unknown | pid:11)"),
+                "thread_label"
+            ),
+            Some("Decode Scheduler".into())
+        );
+        let edges = |name: &str| {
+            let s = get(name);
+            (s.start_time_unix_nano, s.end_time_unix_nano)
+        };
+        assert_eq!(edges("decode_waiting"), (104 * MS, 106 * MS));
+        // Decode from the forward entry; its loops from the first output on (the prefill
+        // node's token, put out by SGLang's fake_output).
+        assert_eq!(edges("decode_forward"), (106 * MS, 130 * MS));
+        let loops: Vec<(u64, u64)> = spans
+            .iter()
+            .filter(|s| s.name == "decode_loop")
+            .map(|s| (s.start_time_unix_nano, s.end_time_unix_nano))
+            .collect();
+        assert_eq!(loops, [(110 * MS, 120 * MS), (120 * MS, 130 * MS)]);
+    }
+
+    #[test]
+    fn a_request_without_a_bootstrap_room_has_none() {
+        let t = SglangTimeline {
+            bootstrap_room: Some(0),
+            ..streamed_three_outputs()
+        };
+        let spans = spans_at_level(t, 3);
+        assert_eq!(spans[0].name, " Req 01234567");
+        assert!(
+            !spans[0]
+                .attributes
+                .iter()
+                .any(|(k, _)| *k == "bootstrap_room")
+        );
     }
 
     #[test]

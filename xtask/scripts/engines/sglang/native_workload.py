@@ -3,6 +3,12 @@
 (OpenAI-compatible endpoints) does not cover.
 
 usage: native_workload.py [--base http://127.0.0.1:30000] [--out native.json] [--merge INTO.json]
+       native_workload.py --pd-decode N [--base ...] [--out ...]
+
+--pd-decode N: for a PD decode server on SGLang's fake transfer backend (`--disaggregation-mode
+decode --disaggregation-transfer-backend fake`): N /generate requests that name its fake
+bootstrap host (2.2.2.2: no prefill server, nothing transferred), each with its own
+bootstrap_room, streamed and not in turn, 8 to 23 new tokens, two at a time.
 
 Requests, in order (greedy, "ignore_eos": true, so output lengths are known):
   0  /generate text prompt, non-stream, 12 new tokens, body "rid": "native-rid-0"
@@ -20,6 +26,7 @@ import json
 import socket
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 PROMPT = "the quick brown fox jumps over the lazy dog and a tiny language model answers"
 
@@ -84,14 +91,37 @@ def post(host, port, body, abort_after_first=False):
     return rec
 
 
+# SGLang's fake bootstrap host (sglang/srt/disaggregation/utils.py: FAKE_BOOTSTRAP_HOST).
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+
+
+def pd_decode(host, port, n):
+    def one(i):
+        body = {"text": f"[pd{i}] " + PROMPT, "stream": i % 2 == 1,
+                "sampling_params": dict(max_new_tokens=8 + i % 16, temperature=0.0, ignore_eos=True),
+                "bootstrap_host": FAKE_BOOTSTRAP_HOST, "bootstrap_port": 8998,
+                "bootstrap_room": 1000 + i}
+        return post(host, port, body)
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(one, range(n)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="http://127.0.0.1:30000")
     ap.add_argument("--out", default=None)
     ap.add_argument("--merge", default=None, help="a workload.py summary to add the records to")
+    ap.add_argument("--pd-decode", type=int, default=0, metavar="N")
     a = ap.parse_args()
     u = urllib.parse.urlparse(a.base)
     host, port = u.hostname, u.port or 80
+    if a.pd_decode:
+        records = pd_decode(host, port, a.pd_decode)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(records, f, indent=1)
+        failed = [r for r in records if r["status"] != 200 or r["error"]]
+        raise SystemExit(f"{len(failed)} requests failed" if failed else 0)
     sp = lambda n, **kw: dict(max_new_tokens=n, temperature=0.0, ignore_eos=True, **kw)  # noqa: E731
     records = [
         post(host, port, {"text": "[native0] " + PROMPT, "sampling_params": sp(12), "rid": "native-rid-0"}),
