@@ -16,11 +16,15 @@
 //! reports in SGLang's log file over the same run.
 //!
 //! Needs root (eBPF) and the network to PyPI the first time. `SGLANG_HOME` picks the install.
-use std::{path::Path, process::Command, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 use infertrace_tests::{
     live::{
-        self, Cleanup, EngineKind, attach, free_port, get, otlp_receiver, profile_of,
+        self, Cleanup, EngineKind, OtlpReceiver, attach, free_port, get, otlp_receiver, profile_of,
         sampled_stacks, script, stop, temp_dir, thread_roles, workload,
     },
     sglang_truth, vllm_truth,
@@ -30,6 +34,55 @@ const PORT: u16 = 18473;
 /// Rounds of workload.py --quick (22 calls, 24 engine requests of which 22 with a prefill
 /// latency, each): five give more than 100 values to every p99.
 const ROUNDS: u32 = 5;
+
+/// A live run against SGLang with its own tracing on: its files, and the receiver of SGLang's
+/// spans.
+struct TracedRun {
+    dir: PathBuf,
+    /// SGLang's spans, infertrace's output, the client's records.
+    truth: PathBuf,
+    ours: PathBuf,
+    client: PathBuf,
+    cleanup: Cleanup,
+    receiver: OtlpReceiver,
+}
+
+impl TracedRun {
+    fn new(name: &str) -> Self {
+        let dir = temp_dir(&format!("e2e-sglang-{name}"));
+        let truth = dir.join("sglang.otlp.jsonl");
+        let mut cleanup = Cleanup::default();
+        let receiver = otlp_receiver(&mut cleanup, &truth);
+        Self {
+            ours: dir.join("ours.jsonl"),
+            client: dir.join("client.json"),
+            dir,
+            truth,
+            cleanup,
+            receiver,
+        }
+    }
+
+    /// Start SGLang with `args`, its tracing (level 3, to this run's receiver) and `envs`;
+    /// its main process's pid.
+    fn start_engine(&mut self, args: &[&str], envs: &[(&str, &str)]) -> String {
+        let otlp = format!("127.0.0.1:{}", self.receiver.grpc_port);
+        let mut all_envs = vec![
+            ("TRACE", "1"),
+            ("OTLP", otlp.as_str()),
+            ("SGLANG_TRACE_LEVEL", "3"),
+        ];
+        all_envs.extend_from_slice(envs);
+        self.cleanup
+            .fresh_engine(EngineKind::Sglang, PORT, args, &all_envs)
+    }
+
+    /// Stop the engine and the receiver, and remove the run's files.
+    fn finish(self) {
+        drop(self.cleanup);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
 
 fn native_workload(client: &Path) {
     let status = Command::new("python3")
@@ -51,23 +104,12 @@ fn spans_match_sglangs_own_tracing(
     args: &[&str],
     bounds: sglang_truth::Bounds,
 ) {
-    let dir = temp_dir(&format!("e2e-sglang-{mode}"));
-    let truth = dir.join("sglang.otlp.jsonl");
-    let ours = dir.join("ours.jsonl");
-    let client = dir.join("client.json");
-    let mut cleanup = Cleanup::default();
-    let receiver = otlp_receiver(&mut cleanup, &truth);
-    let otlp = format!("127.0.0.1:{}", receiver.grpc_port);
-    let mut all_envs = vec![
-        ("TRACE", "1"),
-        ("OTLP", otlp.as_str()),
-        ("SGLANG_TRACE_LEVEL", "3"),
-    ];
-    all_envs.extend_from_slice(envs);
+    let mut run = TracedRun::new(mode);
+    let (ours, truth, client) = (run.ours.clone(), run.truth.clone(), run.client.clone());
     // A statistics report every 5 decode batches (SGLang's default: 40), for more of them.
     let mut all_args = vec!["--enable-metrics", "--decode-log-interval", "5"];
     all_args.extend_from_slice(args);
-    let main_pid = cleanup.fresh_engine(EngineKind::Sglang, PORT, &all_args, &all_envs);
+    let main_pid = run.start_engine(&all_args, envs);
     let log_file = EngineKind::Sglang
         .home()
         .join(format!("logs/sglang-{PORT}.log"));
@@ -97,7 +139,7 @@ fn spans_match_sglangs_own_tracing(
     let stderr = stop(agent);
     // SGLang's batch span processor exports every 500 ms.
     std::thread::sleep(Duration::from_secs(5));
-    receiver.write_out();
+    run.receiver.write_out();
     let mut report = sglang_truth::compare(&ours, &truth, bounds);
     report.add(sglang_truth::compare_loop_stages(&ours, &truth, bounds));
     report.add(sglang_truth::compare_metrics(&ours, &before, &after));
@@ -141,8 +183,7 @@ fn spans_match_sglangs_own_tracing(
         "{}",
         std::fs::read_to_string(profile_of(&ours)).unwrap_or_default()
     );
-    drop(cleanup);
-    let _ = std::fs::remove_dir_all(&dir);
+    run.finish();
 }
 
 #[test]
@@ -186,21 +227,13 @@ fn sglang_data_parallel_spans_match_sglangs_own_tracing() {
 /// queue and is prefilled again); infertrace's `retract` events are compared with SGLang's.
 #[test]
 fn sglang_retractions_match_sglangs_own_retract_events() {
-    let dir = temp_dir("e2e-sglang-retract");
-    let truth = dir.join("sglang.otlp.jsonl");
-    let ours = dir.join("ours.jsonl");
-    let client = dir.join("client.json");
-    let mut cleanup = Cleanup::default();
-    let receiver = otlp_receiver(&mut cleanup, &truth);
-    let otlp = format!("127.0.0.1:{}", receiver.grpc_port);
+    let mut run = TracedRun::new("retract");
+    let (ours, truth, client) = (run.ours.clone(), run.truth.clone(), run.client.clone());
     let envs = [
-        ("TRACE", "1"),
-        ("OTLP", otlp.as_str()),
-        ("SGLANG_TRACE_LEVEL", "3"),
         ("SGLANG_TEST_RETRACT", "1"),
         ("SGLANG_TEST_RETRACT_INTERVAL", "25"),
     ];
-    let main_pid = cleanup.fresh_engine(EngineKind::Sglang, PORT, &["--enable-metrics"], &envs);
+    let main_pid = run.start_engine(&["--enable-metrics"], &envs);
     let agent = attach(&main_pid, &ours, free_port());
     workload(
         PORT,
@@ -211,7 +244,7 @@ fn sglang_retractions_match_sglangs_own_retract_events() {
     std::thread::sleep(Duration::from_secs(8));
     let stderr = stop(agent);
     std::thread::sleep(Duration::from_secs(5));
-    receiver.write_out();
+    run.receiver.write_out();
     // "N retractions placed (M whose request was not certain left out)"
     let unplaced = stderr
         .split(" retractions placed (")
@@ -220,8 +253,7 @@ fn sglang_retractions_match_sglangs_own_retract_events() {
         .expect("the summary's retraction counts");
     let report = sglang_truth::compare_retractions(&ours, &truth, unplaced);
     report.print_and_check("", &stderr);
-    drop(cleanup);
-    let _ = std::fs::remove_dir_all(&dir);
+    run.finish();
 }
 
 /// PD disaggregation, the decode side: SGLang's fake transfer backend makes a decode server
@@ -232,18 +264,8 @@ fn sglang_retractions_match_sglangs_own_retract_events() {
 /// `decode_loop`s) are compared with SGLang's own (`sglang_truth::compare_pd_decode`).
 #[test]
 fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
-    let dir = temp_dir("e2e-sglang-pd-decode");
-    let truth = dir.join("sglang.otlp.jsonl");
-    let ours = dir.join("ours.jsonl");
-    let client = dir.join("client.json");
-    let mut cleanup = Cleanup::default();
-    let receiver = otlp_receiver(&mut cleanup, &truth);
-    let otlp = format!("127.0.0.1:{}", receiver.grpc_port);
-    let envs = [
-        ("TRACE", "1"),
-        ("OTLP", otlp.as_str()),
-        ("SGLANG_TRACE_LEVEL", "3"),
-    ];
+    let mut run = TracedRun::new("pd-decode");
+    let (ours, truth, client) = (run.ours.clone(), run.truth.clone(), run.client.clone());
     // A decode server's default retraction backup is a pinned host pool (CUDA only).
     let args = [
         "--enable-metrics",
@@ -254,7 +276,7 @@ fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
         "--disaggregation-decode-retraction-backup",
         "cpu_tensor",
     ];
-    let main_pid = cleanup.fresh_engine(EngineKind::Sglang, PORT, &args, &envs);
+    let main_pid = run.start_engine(&args, &[]);
     let agent = attach(&main_pid, &ours, free_port());
     let status = Command::new("python3")
         .arg(script("sglang", "native_workload.py"))
@@ -272,7 +294,7 @@ fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
     std::thread::sleep(Duration::from_secs(2));
     let stderr = stop(agent);
     std::thread::sleep(Duration::from_secs(5));
-    receiver.write_out();
+    run.receiver.write_out();
     let records: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&client).expect("the client's records"))
             .expect("the client's records as JSON");
@@ -289,6 +311,5 @@ fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
         &ours, &truth, &streamed, bounds,
     ));
     report.print_and_check("PD decode server:\n", &stderr);
-    drop(cleanup);
-    let _ = std::fs::remove_dir_all(&dir);
+    run.finish();
 }

@@ -99,17 +99,21 @@ pub fn server_stream_interval(cmdline: &[String]) -> Option<u64> {
     if !launches_server(cmdline) {
         return None;
     }
-    let value = cmdline
-        .iter()
-        .enumerate()
-        .find_map(|(i, arg)| match arg.as_str() {
-            "--stream-interval" => cmdline.get(i + 1).map(String::as_str),
-            _ => arg.strip_prefix("--stream-interval="),
-        });
-    match value {
+    match option_value(cmdline, "--stream-interval") {
         Some(v) => v.parse().ok(),
         None => Some(1),
     }
+}
+
+/// The value of option `flag` on a command line, given as `flag VALUE` or `flag=VALUE`.
+fn option_value<'a>(cmdline: &'a [String], flag: &str) -> Option<&'a str> {
+    cmdline.iter().enumerate().find_map(|(i, arg)| {
+        if arg == flag {
+            cmdline.get(i + 1).map(String::as_str)
+        } else {
+            arg.strip_prefix(flag)?.strip_prefix('=')
+        }
+    })
 }
 
 /// `python -m sglang.launch_server ...` or `sglang serve ...`: SGLang's main process.
@@ -152,14 +156,7 @@ pub fn server_pd_role(cmdline: &[String]) -> Option<PdRole> {
     if !launches_server(cmdline) {
         return None;
     }
-    let mode = cmdline
-        .iter()
-        .enumerate()
-        .find_map(|(i, arg)| match arg.as_str() {
-            "--disaggregation-mode" => cmdline.get(i + 1).map(String::as_str),
-            _ => arg.strip_prefix("--disaggregation-mode="),
-        });
-    match mode? {
+    match option_value(cmdline, "--disaggregation-mode")? {
         "prefill" => Some(PdRole::Prefill),
         "decode" => Some(PdRole::Decode),
         _ => None,
