@@ -260,8 +260,10 @@ fn sglang_retractions_match_sglangs_own_retract_events() {
 /// that needs no prefill server (requests name its fake bootstrap host; nothing is
 /// transferred), running the decode node's real code paths. Its request spans (`decode Req
 /// …`, `bootstrap_room`), thread spans (`DecodeTokenizer`, `Decode Scheduler …`) and the stages
-/// infertrace measures there (`decode_waiting`, `decode_forward`, a streamed request's
-/// `decode_loop`s) are compared with SGLang's own (`sglang_truth::compare_pd_decode`).
+/// infertrace measures there (`decode_waiting`, `decode_forward`, the `decode_loop`s: a
+/// streamed request's from its outputs, the others' from the scheduler's loop; `schedule`
+/// events) are compared with SGLang's own (`sglang_truth::compare_pd_decode`). 120 requests,
+/// so that the latencies' p99 is not simply their largest.
 #[test]
 fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
     let mut run = TracedRun::new("pd-decode");
@@ -284,7 +286,7 @@ fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
             "--base",
             &format!("http://127.0.0.1:{PORT}"),
             "--pd-decode",
-            "60",
+            "120",
         ])
         .arg("--out")
         .arg(&client)
@@ -305,7 +307,7 @@ fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
         .filter(|r| r["stream"] == true)
         .filter_map(|r| r["rid"].as_str())
         .collect();
-    let bounds = sglang_truth::ONE_SCHEDULER;
+    let bounds = sglang_truth::PD_DECODE_ON_2_CORES;
     let mut report = sglang_truth::compare(&ours, &truth, bounds);
     report.add(sglang_truth::compare_pd_decode(
         &ours, &truth, &streamed, bounds,

@@ -44,7 +44,7 @@ use std::{
     hash::Hash,
 };
 
-use super::send_probe::SendProbe;
+use super::send_probe::{LateMatch, SendProbe};
 use crate::decode::flows::{Handover, LoopWait, Wakeup};
 
 /// A write this long after a message is not that message's signal.
@@ -144,9 +144,13 @@ impl Handoffs {
     /// began): that write, already timed by a fallback, is timed again by its hand-over.
     pub fn handed_over(&mut self, h: &Handover) {
         let process = self.processes.entry(h.tgid).or_default();
-        let Some(late) = process.send_probe.handed_over(h) else {
-            return;
-        };
+        if let Some(late) = process.send_probe.handed_over(h) {
+            self.late_match(late);
+        }
+    }
+
+    /// A write timed by a fallback is timed again by its hand-over.
+    fn late_match(&mut self, late: LateMatch) {
         if late.keep {
             if late.was_at_send {
                 self.stats.at_send -= 1;
@@ -163,7 +167,13 @@ impl Handoffs {
     /// answers for it too).
     pub fn sent(&mut self, tgid: u32, fd: u32, ns: u64, last_frame: usize, keep: bool) {
         let process = self.processes.entry(tgid).or_default();
-        if let Some(handed) = process.send_probe.written(fd, ns, last_frame, keep) {
+        let handed = process.send_probe.written(fd, ns, last_frame, keep);
+        // The first writes after attach, made before their socket was known: the write that
+        // decided it times them too.
+        for late in process.send_probe.take_elected() {
+            self.late_match(late);
+        }
+        if let Some(handed) = handed {
             if keep {
                 self.stats.handed_over += 1;
                 self.stats.send_probed += 1;
@@ -545,13 +555,16 @@ mod tests {
             size: FRAME as u32,
         };
         // The probe's socket is learned from three sends; before that, the mailbox rules
-        // (nothing here) keep the send time.
+        // (nothing here) keep the send time, until the election times them too.
         for i in 1..=3 {
             let at = i * 10 * MS;
             h.handed_over(&handover(at - 40 * US));
             h.sent(PID, SEND_FD, at, FRAME, true);
             let handed = if i == 3 { at - 40 * US } else { at };
             assert_eq!(h.taken_at(at), handed, "send {i}");
+        }
+        for i in 1..=2 {
+            assert_eq!(h.taken_at(i * 10 * MS), i * 10 * MS - 40 * US, "send {i}");
         }
         // A request handed over while the I/O thread, woken for the one before, waited 6 ms
         // for a CPU: no mailbox write of its own, its own hand-over all the same.
@@ -563,7 +576,7 @@ mod tests {
         assert_eq!(h.taken_at(46 * MS + 20 * US), 42 * MS);
         assert_eq!(
             (h.stats.handed_over, h.stats.send_probed, h.stats.at_send),
-            (3, 3, 2)
+            (5, 5, 0)
         );
     }
 }

@@ -40,6 +40,10 @@ impl<T> InFlight<T> {
         evicted
     }
 
+    pub fn get(&self, id: &str) -> Option<&T> {
+        self.requests.get(id)
+    }
+
     pub fn get_mut(&mut self, id: &str) -> Option<&mut T> {
         self.requests.get_mut(id)
     }

@@ -88,6 +88,9 @@ struct SchedulerLoop {
     /// others carry the rare replies to the main process).
     sends_per_socket: HashMap<u64, u64>,
     lines: VecDeque<(u64, StatsLine)>,
+    /// Hand-overs of a PD decode server's prebuilt outputs (the prefill node's tokens, put
+    /// out before the iteration runs its batch): they mark no result.
+    prebuilt: VecDeque<u64>,
 }
 
 /// Add `value` in its place by `key` (records of one process mostly arrive in order, but a
@@ -205,6 +208,7 @@ impl SchedulerLoop {
             .hand_overs
             .range(first..)
             .take_while(|&&(ns, _)| within(ns))
+            .filter(|&&(ns, _)| self.prebuilt.binary_search(&ns).is_err())
             .find(|&&(_, socket)| Some(socket) == output_socket)
             .map(|&(ns, _)| ns);
         [
@@ -235,6 +239,19 @@ impl SchedulerLoop {
             .rev()
             .find(|&&(_, socket)| socket == output_socket)
             .map(|&(h, _)| h)
+    }
+
+    /// The latest prebuilt output handed over in iteration `j`.
+    fn prebuilt_within(&self, j: usize) -> Option<u64> {
+        let (from, next) = self.bounds(j)?;
+        let end = next.map_or(self.prebuilt.len(), |n| {
+            self.prebuilt.partition_point(|&ns| ns < n)
+        });
+        self.prebuilt
+            .range(..end)
+            .next_back()
+            .filter(|&&ns| ns > from)
+            .copied()
     }
 
     /// The first statistics line written in (`from`, `next`).
@@ -288,6 +305,7 @@ pub struct LoopView {
 pub struct RequestSteps {
     pub scheduler: u32,
     pub forward_entry_ns: u64,
+    /// Its prefill's end; on a PD decode server (`pd_decode`), its forward entry.
     pub prefill_end_ns: u64,
     /// The scheduler's hand-over of the request's final output.
     pub final_output_ns: u64,
@@ -296,6 +314,11 @@ pub struct RequestSteps {
     pub finishes_by_length: bool,
     /// The scheduler runs the overlap loop (its default).
     pub overlap: bool,
+    /// A PD decode server's request: the prefill node computed its first token, which the
+    /// decode server's loop puts out as a prebuilt batch in the iteration that stamped its
+    /// forward entry (`get_next_disagg_decode_batch_to_run`), then merges it into the decode
+    /// batch it schedules in that same iteration.
+    pub pd_decode: bool,
 }
 
 /// Every scheduler's loop.
@@ -346,6 +369,22 @@ impl SchedulerLoops {
         self.loops.get(&scheduler)?.hand_over_before(written_ns)
     }
 
+    /// A PD decode server's prebuilt output, handed over at `handed_over_ns` (see
+    /// `RequestSteps::pd_decode`): not the end of the iteration's result, as other outputs.
+    pub fn prebuilt_output(&mut self, scheduler: u32, handed_over_ns: u64) {
+        let prebuilt = &mut self.loops.entry(scheduler).or_default().prebuilt;
+        insert_bounded(prebuilt, handed_over_ns, MAX_MARKS, |&ns| ns);
+    }
+
+    /// Whether instants `a` and `b` (capture times) lie in one iteration of scheduler
+    /// `scheduler`'s loop.
+    pub fn same_iteration(&self, scheduler: u32, a: u64, b: u64) -> bool {
+        self.loops.get(&scheduler).is_some_and(|l| {
+            let (a, b) = (l.iteration_of(a), l.iteration_of(b));
+            a.is_some() && a == b
+        })
+    }
+
     /// Scheduler `scheduler` wrote a statistics line at `ns`.
     pub fn logged(&mut self, scheduler: u32, ns: u64, line: StatsLine) {
         let lines = &mut self.loops.entry(scheduler).or_default().lines;
@@ -377,7 +416,14 @@ fn request_view(
     };
     // The iteration that scheduled the batch whose result iteration `j` processed.
     let batch_of = |j: usize| if r.overlap { j.checked_sub(1) } else { Some(j) };
-    let decode: Vec<usize> = (prefill_iteration + 1..=final_iteration)
+    // Its first decode result: the iteration after its prefill's result, or on a decode
+    // server the one that processed the decode batch its prebuilt iteration scheduled.
+    let first_step = if r.pd_decode && !r.overlap {
+        prefill_iteration
+    } else {
+        prefill_iteration + 1
+    };
+    let decode: Vec<usize> = (first_step..=final_iteration)
         .filter(|&j| !matches!(l.line_of(j), Some(StatsLine::Prefill { .. })))
         .collect();
     if decode.len() as u64 + 1 != r.completion_tokens.max(1) {
@@ -422,7 +468,15 @@ fn request_view(
     } else {
         forward_iteration
     };
-    let chunk_iterations = first_result..prefill_iteration;
+    // A decode server runs no prefill batch: no chunk, no prefill `schedule` event.
+    let (prefill_results, chunk_iterations) = if r.pd_decode {
+        (0..0, 0..0)
+    } else {
+        (
+            first_result..prefill_iteration + 1,
+            first_result..prefill_iteration,
+        )
+    };
     if chunk_iterations
         .clone()
         .any(|j| !matches!(l.line_of(j), Some(StatsLine::Prefill { .. })))
@@ -448,20 +502,25 @@ fn request_view(
         .collect();
     // The overlap loop schedules the next batch before it learns the request finished, and
     // that batch still holds it unless the loop knew its next token was its last
-    // (`_reqs_finishing_inflight`: a length limit) or it was a prefill batch (the next
-    // iteration's line says, once that iteration is over).
-    if r.overlap && !r.finishes_by_length && l.end_of(final_iteration + 1, handed_over).is_some() {
+    // (`_reqs_finishing_inflight`: a length limit; the unified loop only, a decode server's
+    // loop leaves it off) or it was a prefill batch (the next iteration's line says, once
+    // that iteration is over).
+    let known_last = r.finishes_by_length && !r.pd_decode;
+    if r.overlap && !known_last && l.end_of(final_iteration + 1, handed_over).is_some() {
         let next = final_iteration + 1;
         if !matches!(l.line_of(next), Some(StatsLine::Prefill { .. })) {
             batches.push((final_iteration, next));
         }
     }
     let first_batch = batches.first().and_then(|&(b, _)| marker(b));
-    let decode_waiting_end = first_batch.filter(|&ns| ns > r.prefill_end_ns);
+    // A decode server's wait is its queue's (SGLang's own stamps, on the wire).
+    let decode_waiting_end = first_batch.filter(|&ns| ns > r.prefill_end_ns && !r.pd_decode);
     // SGLang starts the first decode step at the latest of the prefill's end and the latest
     // decode batch holding the request scheduled before that step ended (req_time_stats.py
-    // `set_last_decode_finish_time`), or where its decode wait ended.
+    // `set_last_decode_finish_time`), or where its decode wait ended; on a decode server, at
+    // the end of its prebuilt batch, a moment after the forward entry that batch stamped.
     let first_loop_start = match (decode_waiting_end, decode_ends.first()) {
+        _ if r.pd_decode => Some(r.forward_entry_ns),
         (Some(waited), _) => Some(waited),
         (None, Some(&first_end)) => batches
             .iter()
@@ -475,7 +534,7 @@ fn request_view(
     // One prefill batch per chunk: the first at the request's forward entry (SGLang's own
     // stamp), the others at the markers of the iterations that scheduled them.
     let mut scheduled = Vec::with_capacity(batches.len() + chunk_ends.len() + 1);
-    for j in first_result..=prefill_iteration {
+    for j in prefill_results {
         let batch = if r.overlap { j - 1 } else { j };
         let bid = batch_id(r.scheduler, marker(batch)?);
         let ns = if batch == forward_iteration {
@@ -491,10 +550,19 @@ fn request_view(
         });
     }
     for (batch, result) in batches {
-        let ns = marker(batch)?;
+        let at_marker = marker(batch)?;
+        // A decode server schedules the batch that first holds the request after it put out
+        // its prebuilt batch, which stamped the forward entry (and sent the outputs of its
+        // streamed requests).
+        let ns = if r.pd_decode && batch == prefill_iteration {
+            l.prebuilt_within(batch)
+                .map_or(r.forward_entry_ns, |ns| ns.max(r.forward_entry_ns))
+        } else {
+            at_marker
+        };
         scheduled.push(Scheduled {
             ns,
-            bid: batch_id(r.scheduler, ns),
+            bid: batch_id(r.scheduler, at_marker),
             forward_mode: "decode",
             batch_size: size_in(result, false),
         });
@@ -563,6 +631,7 @@ mod tests {
             completion_tokens,
             finishes_by_length: false,
             overlap: true,
+            pd_decode: false,
         }
     }
 
@@ -711,6 +780,7 @@ mod tests {
             completion_tokens: 3,
             finishes_by_length: true,
             overlap: true,
+            pd_decode: false,
         };
         let view = loops.view(&r, &same).expect("placed");
         assert_eq!(
@@ -737,6 +807,95 @@ mod tests {
             ..r
         };
         assert_eq!(loops.view(&earlier, &same), None);
+    }
+
+    #[test]
+    fn a_decode_servers_request_steps_from_the_batch_its_prebuilt_iteration_scheduled() {
+        let mut loops = loops_with(30);
+        // The prefill node's token put out in iteration 10 (forward entry 0.2 ms after its
+        // marker), the decode batch that iteration scheduled processed in 11 (overlap); 4
+        // tokens: decode steps in 11, 12 and 13.
+        let final_output = marker(13) + 3 * MS;
+        loops.output_sent(SCHEDULER, final_output);
+        let forward_entry = marker(10) + 200 * US;
+        let r = RequestSteps {
+            prefill_end_ns: forward_entry,
+            pd_decode: true,
+            ..request(final_output, 4)
+        };
+        let view = loops.view(&r, &same).expect("placed");
+        let next_start = |k: u64| 100 * MS + k * 4 * MS - US;
+        assert_eq!(
+            view.decode_ends,
+            vec![next_start(12), next_start(13), final_output]
+        );
+        assert_eq!(view.first_loop_start, Some(forward_entry));
+        assert_eq!(view.decode_waiting_end, None);
+        assert!(view.chunk_ends.is_empty());
+        let modes: Vec<(&str, u64)> = view
+            .scheduled
+            .iter()
+            .map(|s| (s.forward_mode, s.ns))
+            .collect();
+        // The first batch scheduled after the prebuilt batch that stamped the forward entry;
+        // the last one before the loop learnt the request had finished, even at its length
+        // limit (a decode server's loop does not skip it).
+        let decode_at = |k: u64| ("decode", marker(k));
+        assert_eq!(
+            modes,
+            vec![
+                ("decode", forward_entry),
+                decode_at(11),
+                decode_at(12),
+                decode_at(13)
+            ]
+        );
+        let by_length = RequestSteps {
+            finishes_by_length: true,
+            ..r
+        };
+        assert_eq!(loops.view(&by_length, &same), Some(view.clone()));
+        // Without the overlap, iteration 10 runs and processes that batch itself: the same
+        // tokens end an iteration earlier, and no batch is scheduled after the last.
+        let earlier_output = marker(12) + 3 * MS;
+        loops.output_sent(SCHEDULER, earlier_output);
+        let not_overlapped = RequestSteps {
+            overlap: false,
+            final_output_ns: earlier_output,
+            ..r
+        };
+        let view = loops.view(&not_overlapped, &same).expect("placed");
+        assert_eq!(
+            view.decode_ends,
+            vec![next_start(11), next_start(12), earlier_output]
+        );
+        assert_eq!(view.scheduled.len(), 3);
+        // One token more than the loop shows steps for: not placed.
+        let longer = RequestSteps {
+            completion_tokens: 5,
+            ..r
+        };
+        assert_eq!(loops.view(&longer, &same), None);
+        // Another request's prebuilt output, put out in iteration 11 before it ran its batch,
+        // does not end that iteration's result; an output of a result does.
+        const OUTPUTS: u64 = 0x7f00;
+        for k in 0..5 {
+            loops.handed_over(SCHEDULER, OUTPUTS, marker(k) + MS);
+        }
+        assert!(loops.same_iteration(SCHEDULER, marker(11) + 10 * US, marker(11) + 90 * US));
+        assert!(!loops.same_iteration(SCHEDULER, marker(11), marker(12)));
+        loops.handed_over(SCHEDULER, OUTPUTS, marker(11) + 100 * US);
+        loops.prebuilt_output(SCHEDULER, marker(11) + 100 * US);
+        let view = loops.view(&r, &same).expect("placed");
+        assert_eq!(view.decode_ends[0], next_start(12));
+        loops.handed_over(SCHEDULER, OUTPUTS, marker(11) + 2 * MS);
+        let view = loops.view(&r, &same).expect("placed");
+        assert_eq!(view.decode_ends[0], marker(11) + 2 * MS);
+        // Its own prebuilt output, after its forward entry: its first batch was scheduled
+        // after that.
+        loops.prebuilt_output(SCHEDULER, forward_entry + 100 * US);
+        let view = loops.view(&r, &same).expect("placed");
+        assert_eq!(view.scheduled[0].ns, forward_entry + 100 * US);
     }
 
     #[test]

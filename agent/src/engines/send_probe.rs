@@ -10,7 +10,10 @@
 //! votes for the write's fd (the I/O thread most often writes a message right after its
 //! hand-over); [`VOTES_NEEDED`] agreeing votes decide. Until then, and
 //! for a socket with nothing pending, the message gets no hand-over from here (the caller
-//! falls back to the I/O thread's mailbox write, or the write itself).
+//! falls back to the I/O thread's mailbox write, or the write itself); the writes that voted
+//! for the socket elected are timed by their hand-overs once it is
+//! ([`SendProbe::take_elected`]): the first messages after attach (SGLang's first requests,
+//! whose dispatch the I/O thread can write milliseconds after main handed it over).
 use std::collections::{HashMap, VecDeque};
 
 use super::handoff::elected;
@@ -57,6 +60,18 @@ struct Pending {
     size: u32,
 }
 
+/// A write on an fd whose socket was not known yet, and the hand-over that voted for it: the
+/// write is timed by that hand-over once its socket is elected for the fd.
+#[derive(Clone, Copy, Debug)]
+struct Voted {
+    fd: u32,
+    socket: u64,
+    write_ns: u64,
+    handed_ns: u64,
+    keep: bool,
+    at_send: bool,
+}
+
 #[derive(Debug, Default)]
 pub struct SendProbe {
     /// Hand-overs not matched yet, oldest first.
@@ -65,6 +80,11 @@ pub struct SendProbe {
     socket_of_fd: HashMap<u32, u64>,
     /// Writes on known sockets no hand-over fitted yet, oldest first.
     unmatched: VecDeque<Unmatched>,
+    /// Writes before their fd's socket was known, with the hand-over that voted (the first
+    /// messages after attach), oldest first.
+    voted: VecDeque<Voted>,
+    /// Those the election of their socket timed, for the caller to take.
+    elected: Vec<LateMatch>,
 }
 
 impl SendProbe {
@@ -106,6 +126,14 @@ impl SendProbe {
         if let Some(u) = self.unmatched.iter_mut().rev().find(|u| u.ns == ns) {
             u.at_send = at_send;
         }
+        if let Some(v) = self.voted.iter_mut().rev().find(|v| v.write_ns == ns) {
+            v.at_send = at_send;
+        }
+    }
+
+    /// The writes made before their socket was known that its election has since timed.
+    pub fn take_elected(&mut self) -> Vec<LateMatch> {
+        std::mem::take(&mut self.elected)
     }
 
     /// The I/O thread began writing a message to `fd` at `ns`, whose last frame is `size`
@@ -135,9 +163,20 @@ impl SendProbe {
         }
         let Some(&socket) = self.socket_of_fd.get(&fd) else {
             // Not known yet: the latest hand-over is the likeliest to be this write's; it goes,
-            // so that the socket's queue is in step with its writes once the socket is known.
-            if let Some(i) = latest {
-                self.pending.remove(i);
+            // so that the socket's queue is in step with its writes once the socket is known,
+            // and times the write if its socket is the one elected.
+            if let Some(p) = latest.and_then(|i| self.pending.remove(i)) {
+                if self.voted.len() == MAX_UNMATCHED {
+                    self.voted.pop_front();
+                }
+                self.voted.push_back(Voted {
+                    fd,
+                    socket: p.socket,
+                    write_ns: ns,
+                    handed_ns: p.return_ns,
+                    keep,
+                    at_send: false,
+                });
             }
             return None;
         };
@@ -173,6 +212,21 @@ impl SendProbe {
         let winner = self.socket_of_fd.get(&fd).map(|&s| (fd, s));
         if elected(&mut self.votes, winner, (fd, socket), VOTES_NEEDED) {
             self.socket_of_fd.insert(fd, socket);
+            let (of_fd, others): (Vec<Voted>, Vec<Voted>) =
+                self.voted.drain(..).partition(|v| v.fd == fd);
+            self.voted = others.into();
+            self.elected
+                .extend(
+                    of_fd
+                        .into_iter()
+                        .filter(|v| v.socket == socket)
+                        .map(|v| LateMatch {
+                            write_ns: v.write_ns,
+                            handed_ns: v.handed_ns,
+                            keep: v.keep,
+                            was_at_send: v.at_send,
+                        }),
+                );
         }
     }
 }
@@ -212,7 +266,18 @@ mod tests {
             p.handed_over(&handover(at, TO_SCHEDULER));
             let matched = p.written(9, at + 30 * US, SIZE, true);
             assert_eq!(matched, (i == 2).then_some(at), "send {i}");
+            if i < 2 {
+                assert!(p.take_elected().is_empty());
+            }
         }
+        // The election times the first two by the hand-overs that voted, once.
+        let elected: Vec<(u64, u64)> = p
+            .take_elected()
+            .iter()
+            .map(|m| (m.write_ns, m.handed_ns))
+            .collect();
+        assert_eq!(elected, vec![(30 * US, 0), (10 * MS + 30 * US, 10 * MS)]);
+        assert!(p.take_elected().is_empty());
         // A burst while the I/O thread waits for a CPU: each write gets its own hand-over, in
         // order, however late the writes come.
         p.handed_over(&handover(100 * MS, TO_SCHEDULER));

@@ -634,7 +634,10 @@ impl SglangTracker {
                 self.hop(&r.rid, tgid, hop, last_ns);
             }
             (SglangMessage::Outputs(o), true) if o.stage == OutputStage::TokenIds => {
-                self.loops.output_sent(tgid, first_ns);
+                match self.prebuilt_hand_over(tgid, &o.items, first_ns) {
+                    Some(handed_over) => self.loops.prebuilt_output(tgid, handed_over),
+                    None => self.loops.output_sent(tgid, first_ns),
+                }
                 for item in &o.items {
                     if let Some(t) = self.in_flight.get_mut(&item.rid) {
                         place_retractions(
@@ -737,29 +740,64 @@ impl SglangTracker {
     /// its write, else the loop thread's latest hand-over before that write.
     fn final_hand_over(&self, t: &SglangTimeline) -> Option<u64> {
         let written = *t.scheduler_output_ns.last()?;
+        Some(self.output_hand_over(t.scheduler_pid?, written))
+    }
+
+    /// When scheduler `scheduler` handed over the output its I/O thread wrote at `written`
+    /// (that write's instant when no hand-over is known).
+    fn output_hand_over(&self, scheduler: u32, written: u64) -> u64 {
         let matched = self.handoffs.taken_at(written);
         if matched != written {
-            return Some(matched);
+            return matched;
         }
         self.loops
-            .output_handed_over(t.scheduler_pid?, written)
-            .or(Some(written))
+            .output_handed_over(scheduler, written)
+            .unwrap_or(written)
+    }
+
+    /// When a PD decode server handed over output `items`, first written at `written`, if
+    /// they are its prebuilt batch's (each request's first output, in the iteration that
+    /// stamped its forward entry); None for any other output.
+    fn prebuilt_hand_over(&self, scheduler: u32, items: &[RidOutput], written: u64) -> Option<u64> {
+        let handed_over = self.output_hand_over(scheduler, written);
+        let mono = |s: f64| (s * 1e9).round() as u64;
+        items
+            .iter()
+            .all(|item| {
+                let Some(t) = self.in_flight.get(&item.rid) else {
+                    return false;
+                };
+                let forward_entry = item.times.and_then(|times| times.forward_entry);
+                t.pd_role == Some(PdRole::Decode)
+                    && t.scheduler_output_ns.is_empty()
+                    && forward_entry
+                        .is_some_and(|f| self.loops.same_iteration(scheduler, mono(f), handed_over))
+            })
+            .then_some(handed_over)
     }
 
     /// The scheduler loop's view of a request it decoded: one with the scheduler's own time
-    /// stats (its forward entry and prefill end) that was neither retracted nor aborted.
+    /// stats (its forward entry and prefill end; a PD decode server's has no prefill) that was
+    /// neither retracted nor aborted.
     fn loop_view(&mut self, t: &SglangTimeline) -> Option<LoopView> {
         let times = t.times?;
         let mono = |s: f64| (s * 1e9).round() as u64;
+        let pd_decode = t.pd_role == Some(PdRole::Decode);
+        let forward_entry_ns = mono(times.forward_entry?);
         let steps = RequestSteps {
             scheduler: t.scheduler_pid?,
-            forward_entry_ns: mono(times.forward_entry?),
-            prefill_end_ns: mono(times.prefill_finished?),
+            forward_entry_ns,
+            prefill_end_ns: if pd_decode {
+                forward_entry_ns
+            } else {
+                mono(times.prefill_finished?)
+            },
             // Its hand-over: the I/O thread may write it after the loop's next iteration began.
             final_output_ns: self.final_hand_over(t)?,
             completion_tokens: t.completion_tokens?,
             finishes_by_length: t.finish.as_ref().is_some_and(|f| f.kind == "length"),
             overlap: t.overlap,
+            pd_decode,
         };
         // An abort arrives in the middle of an iteration and ends the request at some later
         // result: which iterations were its steps is not certain.

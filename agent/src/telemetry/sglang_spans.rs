@@ -552,10 +552,15 @@ fn scheduler_stages(
     let Some(decode) = b.stage("decode_forward", start, end, scheduler, Vec::new()) else {
         return;
     };
-    let first_loop_start = match view.and_then(|v| v.first_loop_start) {
-        Some(ns) => clock.unix_ns(ns),
-        None if decode_node => first_output.unwrap_or(start),
-        None => start,
+    // A decode server's streamed request: its prebuilt batch's output, handed over right
+    // after SGLang stamps that batch's end (the loop's instant is the forward entry before).
+    let first_loop_start = match (
+        first_output.filter(|_| decode_node),
+        view.and_then(|v| v.first_loop_start),
+    ) {
+        (Some(put_out), _) => put_out,
+        (None, Some(ns)) => clock.unix_ns(ns),
+        (None, None) => start,
     };
     // Each loop ends at the output it sent (streamed), else where the loop processed its step.
     let ends: Vec<u64> = match (t.stream, view) {
