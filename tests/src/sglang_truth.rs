@@ -903,6 +903,13 @@ const PREFILL_SCHEDULE: &str = "schedule (prefill batch)";
 /// their `tokenize` covers `api_server_dispatch` and says so.
 const SENT_BEFORE_SOCKETS_LEARNT: usize = 3;
 
+/// The rids of the first `n` requests infertrace saw start.
+fn first_started<'a>(ours: &[SpanView<'a>], n: usize) -> Vec<&'a str> {
+    let mut by_start: Vec<&SpanView> = ours.iter().filter(|s| is_request(s)).collect();
+    by_start.sort_by_key(|s| s.start);
+    by_start.iter().take(n).map(|s| rid(s)).collect()
+}
+
 /// The stages SGLang produced for each request, against infertrace's from a live capture (one
 /// that followed the scheduler's loop: replays of recordings made before the mailbox polls were
 /// captured lack it, and main's serialization too): every stage SGLang produced is there
@@ -923,13 +930,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
     let (mut requests, mut events, mut sizes, mut lost_by_sglang, mut aborted) = (0, 0, 0, 0, 0);
     let mut nested: BTreeMap<&str, usize> = BTreeMap::new();
     let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
-    let mut by_start: Vec<&SpanView> = ours.iter().filter(|s| is_request(s)).collect();
-    by_start.sort_by_key(|s| s.start);
-    let first_sent: Vec<&str> = by_start
-        .iter()
-        .take(SENT_BEFORE_SOCKETS_LEARNT)
-        .map(|s| rid(s))
-        .collect();
+    let first_sent = first_started(&ours, SENT_BEFORE_SOCKETS_LEARNT);
     let mut undivided = 0;
     // The DP controller's first requests likewise, per scheduler socket it sends to: their
     // dpc_dispatch is left out (its thread span stays).
@@ -940,11 +941,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
         .collect::<std::collections::BTreeSet<_>>()
         .len()
         .max(1);
-    let first_passed: Vec<&str> = by_start
-        .iter()
-        .take(SENT_BEFORE_SOCKETS_LEARNT * schedulers)
-        .map(|s| rid(s))
-        .collect();
+    let first_passed = first_started(&ours, SENT_BEFORE_SOCKETS_LEARNT * schedulers);
     let mut controller_only = 0;
     for theirs_req in theirs.iter().filter(|s| is_request(s)) {
         let id = rid(theirs_req);
@@ -1182,13 +1179,7 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
     let (mut requests, mut stamped) = (0, Vec::new());
     let (mut loop_edges, mut loop_edges_not_streamed) = (Vec::new(), Vec::new());
     let mut schedule_edges = Vec::new();
-    let mut by_start: Vec<&SpanView> = ours.iter().filter(|s| is_request(s)).collect();
-    by_start.sort_by_key(|s| s.start);
-    let first_sent: Vec<&str> = by_start
-        .iter()
-        .take(SENT_BEFORE_SOCKETS_LEARNT)
-        .map(|s| rid(s))
-        .collect();
+    let first_sent = first_started(&ours, SENT_BEFORE_SOCKETS_LEARNT);
     let their_requests = theirs
         .iter()
         .filter(|s| is_request(s) && !rid(s).starts_with("HEALTH_CHECK_"));
