@@ -899,8 +899,9 @@ fn their_schedules<'a>(stages: &[&'a SpanView<'a>], all: &'a [Value]) -> Vec<Sch
 /// A prefill batch's `schedule` is SGLang's own forward entry, never later than SGLang's event.
 const PREFILL_SCHEDULE: &str = "schedule (prefill batch)";
 /// Main's first messages after attach are sent before the capture has matched its hand-overs
-/// to its sockets' writes (three votes): their requests' dispatch start is not known, and
-/// their `tokenize` covers `api_server_dispatch` and says so.
+/// to its sockets' writes (three votes): they are timed again once it has, but their
+/// requests' dispatch start may not be known by then, and their `tokenize` then covers
+/// `api_server_dispatch` and says so.
 const SENT_BEFORE_SOCKETS_LEARNT: usize = 3;
 
 /// The rids of the first `n` requests infertrace saw start.
