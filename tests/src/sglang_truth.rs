@@ -117,8 +117,11 @@ pub const SGLANG_CALIBRATION_S: f64 = 1e-3;
 /// differences, grouped by request; `what` names them): see SCHEDULER_EDGE_S and
 /// SGLANG_CALIBRATION_S. Returns the number of edges compared.
 fn check_sglang_stamps(r: &mut Report, what: &str, per_request: &[(&str, Vec<f64>)]) -> usize {
+    // Requests without such edges (a stage left out) count for nothing.
+    let per_request: Vec<&(&str, Vec<f64>)> =
+        per_request.iter().filter(|(_, d)| !d.is_empty()).collect();
     let mut shifted = Vec::new();
-    for (id, diffs) in per_request {
+    for (id, diffs) in &per_request {
         let Some(first) = diffs.first() else { continue };
         let (low, high) = diffs
             .iter()
@@ -349,6 +352,7 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
     let mut inside_dispatch: Vec<String> = Vec::new();
     let mut staged = 0;
     let mut links_compared = 0;
+    // SGLang's own stamps, per request (check_sglang_stamps).
     let mut stamped: Vec<(&str, Vec<f64>)> = Vec::new();
     for theirs_req in &truth {
         let id = rid(theirs_req);
@@ -460,6 +464,7 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
                 .or_default()
                 .push(d(a.end, b.end));
         }
+        let mut own_stamps = Vec::new();
         for stage in stages(&ours, ours_req) {
             if stage.name == "decode_loop" {
                 continue;
@@ -519,13 +524,11 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
                     .or_default()
                     .push(start),
                 "decode_forward" => diffs.entry("decode_forward end").or_default().push(end),
-                "prefill_waiting" | "prefill_forward" => match stamped.last_mut() {
-                    Some((last, edges)) if *last == id => edges.extend([start, end]),
-                    _ => stamped.push((id, vec![start, end])),
-                },
+                "prefill_waiting" | "prefill_forward" => own_stamps.extend([start, end]),
                 _ => {}
             }
         }
+        stamped.push((id, own_stamps));
     }
     let _ = writeln!(
         r.text,
@@ -839,6 +842,25 @@ struct Schedule<'a> {
     batch_size: Option<i64>,
 }
 
+/// One line on the signed differences `values` (seconds) of `key`: their absolute p50, tail
+/// (p99, or p90 under 100 values, as `Tolerance::exceeded` reads them) and largest, and their
+/// mean.
+fn describe_differences(key: &str, values: &[f64]) -> String {
+    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+    // The nearest-rank p99 of fewer than 100 values is their largest: one step the 2-core
+    // machine held off the CPU would decide it; the tail there is the p90.
+    let tail = if values.len() >= 100 { 99.0 } else { 90.0 };
+    format!(
+        "{key} ({} values): |infertrace - SGLang| p50 {:.4} ms, p{tail} {:.4} ms, max {:.4} ms \
+         (mean signed {:+.4} ms)",
+        values.len(),
+        percentile(values, 50.0) * 1e3,
+        percentile(values, tail) * 1e3,
+        percentile(values, 100.0) * 1e3,
+        mean * 1e3
+    )
+}
+
 /// The forward modes of `events`, in order.
 fn schedule_modes<'a>(events: &[Schedule<'a>]) -> Vec<&'a str> {
     events.iter().map(|s| s.forward_mode).collect()
@@ -1120,22 +1142,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
         first_passed.len()
     );
     for (key, values) in &diffs {
-        let abs: Vec<f64> = values.iter().map(|v| v.abs()).collect();
-        let mean = values.iter().sum::<f64>() / values.len() as f64;
-        // The nearest-rank p99 of fewer than 100 values is their largest: one step the
-        // 2-core machine held off the CPU would decide it; the tail there is the p90.
-        let tail = if abs.len() >= 100 { 99.0 } else { 90.0 };
-        let (p50, p99) = (percentile(&abs, 50.0), percentile(&abs, tail));
-        let _ = writeln!(
-            r.text,
-            "{key} ({} values): |infertrace - SGLang| p50 {:.4} ms, p{tail} {:.4} ms, max {:.4} ms \
-             (mean signed {:+.4} ms)",
-            values.len(),
-            p50 * 1e3,
-            p99 * 1e3,
-            percentile(&abs, 100.0) * 1e3,
-            mean * 1e3
-        );
+        let _ = writeln!(r.text, "{}", describe_differences(key, values));
         if *key == PREFILL_SCHEDULE {
             // infertrace's instant is SGLang's own forward entry of the batch, which SGLang
             // stamps before it builds the batch and stamps its event: never after that.
@@ -1143,7 +1150,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
             if latest > SCHEDULER_EDGE_S {
                 r.fail(format!("{key}: {latest:.6} s after SGLang's"));
             }
-        } else if let Some(failure) = bounds.loop_edges.exceeded(key, &abs) {
+        } else if let Some(failure) = bounds.loop_edges.exceeded(key, values) {
             r.fail(failure);
         }
     }
@@ -1292,17 +1299,7 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
         ("decode_loop edges not streamed", &loop_edges_not_streamed),
         ("schedule (decode batch)", &schedule_edges),
     ] {
-        let mean = edges.iter().sum::<f64>() / edges.len().max(1) as f64;
-        let _ = writeln!(
-            r.text,
-            "{what} ({} values): |infertrace - SGLang| p50 {:.4} ms, p99 {:.4} ms, max {:.4} ms \
-             (mean signed {:+.4} ms)",
-            edges.len(),
-            percentile(edges, 50.0) * 1e3,
-            percentile(edges, 99.0) * 1e3,
-            percentile(edges, 100.0) * 1e3,
-            mean * 1e3
-        );
+        let _ = writeln!(r.text, "{}", describe_differences(what, edges));
         if edges.is_empty() {
             r.fail(format!("no {what} compared"));
         }

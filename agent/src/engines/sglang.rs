@@ -150,6 +150,11 @@ impl PdRole {
     }
 }
 
+/// A scheduler's own `perf_counter()` stamp (CLOCK_MONOTONIC seconds) as a capture time.
+fn scheduler_ns(seconds: f64) -> u64 {
+    (seconds * 1e9).round() as u64
+}
+
 /// The server's PD role, from its main process's command line: None for a server that is not
 /// disaggregated (`null`, SGLang's default) and for other processes.
 pub fn server_pd_role(cmdline: &[String]) -> Option<PdRole> {
@@ -759,19 +764,26 @@ impl SglangTracker {
     /// they are its prebuilt batch's (each request's first output, in the iteration that
     /// stamped its forward entry); None for any other output.
     fn prebuilt_hand_over(&self, scheduler: u32, items: &[RidOutput], written: u64) -> Option<u64> {
+        // Checked first, as it is cheap and false for every other server's outputs.
+        let first_outputs_on_decode_server = !items.is_empty()
+            && items.iter().all(|item| {
+                self.in_flight.get(&item.rid).is_some_and(|t| {
+                    t.pd_role == Some(PdRole::Decode) && t.scheduler_output_ns.is_empty()
+                })
+            });
+        if !first_outputs_on_decode_server {
+            return None;
+        }
         let handed_over = self.output_hand_over(scheduler, written);
-        let mono = |s: f64| (s * 1e9).round() as u64;
         items
             .iter()
             .all(|item| {
-                let Some(t) = self.in_flight.get(&item.rid) else {
-                    return false;
-                };
-                let forward_entry = item.times.and_then(|times| times.forward_entry);
-                t.pd_role == Some(PdRole::Decode)
-                    && t.scheduler_output_ns.is_empty()
-                    && forward_entry
-                        .is_some_and(|f| self.loops.same_iteration(scheduler, mono(f), handed_over))
+                item.times
+                    .and_then(|times| times.forward_entry)
+                    .is_some_and(|f| {
+                        self.loops
+                            .same_iteration(scheduler, scheduler_ns(f), handed_over)
+                    })
             })
             .then_some(handed_over)
     }
@@ -781,16 +793,15 @@ impl SglangTracker {
     /// neither retracted nor aborted.
     fn loop_view(&mut self, t: &SglangTimeline) -> Option<LoopView> {
         let times = t.times?;
-        let mono = |s: f64| (s * 1e9).round() as u64;
         let pd_decode = t.pd_role == Some(PdRole::Decode);
-        let forward_entry_ns = mono(times.forward_entry?);
+        let forward_entry_ns = scheduler_ns(times.forward_entry?);
         let steps = RequestSteps {
             scheduler: t.scheduler_pid?,
             forward_entry_ns,
             prefill_end_ns: if pd_decode {
                 forward_entry_ns
             } else {
-                mono(times.prefill_finished?)
+                scheduler_ns(times.prefill_finished?)
             },
             // Its hand-over: the I/O thread may write it after the loop's next iteration began.
             final_output_ns: self.final_hand_over(t)?,
