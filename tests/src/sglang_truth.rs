@@ -861,6 +861,17 @@ fn describe_differences(key: &str, values: &[f64]) -> String {
     )
 }
 
+/// The (start, end) of each of `stages` named `name`, in order.
+fn edges_named(stages: &[&SpanView], name: &str) -> Vec<(u64, u64)> {
+    let mut edges: Vec<(u64, u64)> = stages
+        .iter()
+        .filter(|s| s.name == name)
+        .map(|s| (s.start, s.end))
+        .collect();
+    edges.sort();
+    edges
+}
+
 /// The forward modes of `events`, in order.
 fn schedule_modes<'a>(events: &[Schedule<'a>]) -> Vec<&'a str> {
     events.iter().map(|s| s.forward_mode).collect()
@@ -989,15 +1000,6 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
         let from_the_loop =
             |name: &str| matches!(name, "decode_waiting" | "chunked_prefill" | "decode_loop");
         requests += 1;
-        let named = |all: &[&SpanView], name: &str| -> Vec<(u64, u64)> {
-            let mut v: Vec<(u64, u64)> = all
-                .iter()
-                .filter(|s| s.name == name)
-                .map(|s| (s.start, s.end))
-                .collect();
-            v.sort();
-            v
-        };
         let their_names: std::collections::BTreeSet<&str> =
             their_stages.iter().map(|s| s.name).collect();
         let covers_dispatch = ours_stages
@@ -1028,8 +1030,10 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
                 "chunked_prefill end",
             ),
         ] {
-            let (ours_nested, their_nested) =
-                (named(&ours_stages, name), named(&their_stages, name));
+            let (ours_nested, their_nested) = (
+                edges_named(&ours_stages, name),
+                edges_named(&their_stages, name),
+            );
             if is_aborted && ours_nested.is_empty() {
                 continue;
             }
@@ -1048,8 +1052,8 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
             }
         }
         if let (Some(a), Some(b)) = (
-            named(&ours_stages, "decode_waiting").first(),
-            named(&their_stages, "decode_waiting").first(),
+            edges_named(&ours_stages, "decode_waiting").first(),
+            edges_named(&their_stages, "decode_waiting").first(),
         ) {
             diffs
                 .entry("decode_waiting end")
@@ -1071,7 +1075,9 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
         // it; none may): its own decode_waiting proves the batch, so infertrace's event there
         // is left out of the comparison, and counted.
         if ours_events.len() == their_events.len() + 1
-            && let Some(waited) = named(&their_stages, "decode_waiting").first().map(|w| w.1)
+            && let Some(waited) = edges_named(&their_stages, "decode_waiting")
+                .first()
+                .map(|w| w.1)
             && !their_events.iter().any(|e| e.ns == waited)
             && let Some(at) = ours_events.iter().position(|e| {
                 e.forward_mode == "decode" && d(e.ns, waited).abs() <= bounds.loop_edges.p99_s
@@ -1225,20 +1231,11 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
                 r.fail(format!("{id}: infertrace has no {name}"));
             }
         }
-        let named = |all: &[&SpanView], name: &str| -> Vec<(u64, u64)> {
-            let mut v: Vec<(u64, u64)> = all
-                .iter()
-                .filter(|s| s.name == name)
-                .map(|s| (s.start, s.end))
-                .collect();
-            v.sort();
-            v
-        };
         let mut exact = Vec::new();
         for (name, start_only) in [("decode_waiting", false), ("decode_forward", true)] {
             if let (Some(a), Some(b)) = (
-                named(&ours_stages, name).first(),
-                named(&their_stages, name).first(),
+                edges_named(&ours_stages, name).first(),
+                edges_named(&their_stages, name).first(),
             ) {
                 exact.push(d(a.0, b.0));
                 if !start_only {
@@ -1248,8 +1245,8 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
         }
         stamped.push((id, exact));
         let (a, b) = (
-            named(&ours_stages, "decode_loop"),
-            named(&their_stages, "decode_loop"),
+            edges_named(&ours_stages, "decode_loop"),
+            edges_named(&their_stages, "decode_loop"),
         );
         if a.len() != b.len() {
             r.fail(format!(
