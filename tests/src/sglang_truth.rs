@@ -30,13 +30,17 @@ impl Tolerance {
 }
 
 /// The tolerances of one live run: request-span latencies (frontend clock) and the dispatch
-/// edges; the edges of the scheduler's loop (decode steps, prefill chunks, the first decode
-/// batch's scheduling, each decode batch's scheduling), whose instants are the syscalls around
-/// SGLang's stamps (docs/accuracy.md), so that a scheduler thread held off the CPU between a
-/// stamp and its next syscall moves infertrace's.
+/// edges; the durations of the scheduler loop's stage spans (decode steps, prefill chunks),
+/// which the issue asks to be close to SGLang's; and the instants of that loop (those spans'
+/// edges, the first decode batch's scheduling, each decode batch's scheduling), which are the
+/// syscalls around SGLang's stamps (docs/accuracy.md): a batch's output hand-over comes after
+/// SGLang has stamped and traced every request of the batch, so the edges carry that walk as
+/// an offset, which a step's two edges share and its duration does not, and a scheduler
+/// thread held off the CPU between a stamp and its next syscall moves infertrace's.
 #[derive(Clone, Copy, Debug)]
 pub struct Bounds {
     pub latencies: Tolerance,
+    pub loop_durations: Tolerance,
     pub loop_edges: Tolerance,
 }
 
@@ -51,6 +55,10 @@ pub const ONE_SCHEDULER: Bounds = Bounds {
     latencies: Tolerance {
         p50_s: 1e-3,
         p99_s: 5e-3,
+    },
+    loop_durations: Tolerance {
+        p50_s: 1e-3,
+        p99_s: 10e-3,
     },
     loop_edges: Tolerance {
         p50_s: 1e-3,
@@ -69,23 +77,37 @@ pub const DATA_PARALLEL_ON_2_CORES: Bounds = Bounds {
         p50_s: 1e-3,
         p99_s: 10e-3,
     },
+    loop_durations: Tolerance {
+        p50_s: 2e-3,
+        p99_s: 25e-3,
+    },
     loop_edges: Tolerance {
         p50_s: 2e-3,
         p99_s: 25e-3,
     },
 };
 /// A PD decode server (SGLang's fake transfer backend) with two clients, one streaming: the
-/// loop edges as with one scheduler; the request latencies p50 1 ms, p99 10 ms. Measured in
-/// five runs on 2026-12-04 (60-120 requests): p50 at most 0.33 ms, p99 (nearest rank) 2.8-6.5
-/// ms, the furthest requests not streamed, infertrace's end earlier than SGLang's: main took
-/// the final output over (its mailbox read, infertrace's instant) and was held off the CPU
-/// before its output handler stamped it (docs/accuracy.md).
+/// loop's stage durations as with one scheduler; the request latencies p50 1 ms, p99 10 ms;
+/// the loop's instants p50 2 ms, p99 15 ms. Measured in five runs on 2026-12-04 (60-120
+/// requests): latency p50 at most 0.33 ms, p99 (nearest rank) 2.8-6.5 ms, the furthest
+/// requests not streamed, infertrace's end earlier than SGLang's: main took the final output
+/// over (its mailbox read, infertrace's instant) and was held off the CPU before its output
+/// handler stamped it. The loop's instants sit later than on a server without
+/// disaggregation: a decode server's scheduler takes longer from its last stamp of a batch to
+/// the batch's output hand-over (p50 0.40 ms here, 0.98 ms in a CI run on a busier machine
+/// of the same kind), so decode_loop edges differ by p50 0.42-0.67 ms here and 0.92-1.18 ms
+/// there (mean signed +1.2 ms; schedule events p99 7.5 ms, largest 16.6 ms), while the
+/// steps' durations stay within p50 0.14 ms, p99 4.3 ms there (docs/accuracy.md).
 pub const PD_DECODE_ON_2_CORES: Bounds = Bounds {
     latencies: Tolerance {
         p50_s: 1e-3,
         p99_s: 10e-3,
     },
-    loop_edges: ONE_SCHEDULER.loop_edges,
+    loop_durations: ONE_SCHEDULER.loop_durations,
+    loop_edges: Tolerance {
+        p50_s: 2e-3,
+        p99_s: 15e-3,
+    },
 };
 /// SGLang's own "dispatched" stamp is taken after `sock_send` returns, so a main thread held
 /// off the CPU (or the GIL) after sending stamps it late: when that stamp comes after the
@@ -774,12 +796,16 @@ fn retract_events(lines: &[Value], ours: bool) -> BTreeMap<String, Vec<u64>> {
 /// one of SGLang's accounted for: placed, or counted as not placed (`unplaced`, from the
 /// agent's summary), some of them placed.
 pub fn compare_retractions(ours: &Path, theirs: &Path, unplaced: usize) -> Report {
-    const RETRACT_S: f64 = 5e-3;
+    // infertrace's instant is the log line's write, SGLang's its re-queueing right after it
+    // (about 0.02 ms later), unless the scheduler is held off the CPU in between: a CI run
+    // on a busy machine had one of 26 events 5.66 ms before SGLang's. Retractions here come
+    // over 100 ms apart, so 20 ms cannot reach a neighbour's.
+    const RETRACT_S: f64 = 20e-3;
     let ours = retract_events(&json_lines(ours), true);
     let theirs = retract_events(&json_lines(theirs), false);
     let mut r = Report::default();
     let total: usize = theirs.values().map(Vec::len).sum();
-    let (mut placed, mut worst) = (0usize, 0.0f64);
+    let (mut placed, mut distances) = (0usize, Vec::new());
     for (rid, at) in &ours {
         placed += at.len();
         let Some(truth) = theirs.get(rid) else {
@@ -794,16 +820,17 @@ pub fn compare_retractions(ours: &Path, theirs: &Path, unplaced: usize) -> Repor
             ));
         }
         for &ns in at {
-            // Ours is the log line's write; SGLang's the re-queueing right after it.
+            // infertrace - SGLang to the nearest of SGLang's: ours is the log line's write,
+            // SGLang's the re-queueing after it.
             let nearest = truth
                 .iter()
-                .map(|&t| (t as f64 - ns as f64) / 1e9)
+                .map(|&t| (ns as f64 - t as f64) / 1e9)
                 .min_by(|a, b| a.abs().total_cmp(&b.abs()))
                 .unwrap_or(f64::INFINITY);
-            worst = worst.max(nearest.abs());
-            if !(-1e-4..=RETRACT_S).contains(&nearest) {
+            distances.push(nearest);
+            if !(-RETRACT_S..=1e-4).contains(&nearest) {
                 r.fail(format!(
-                    "{rid}: retract at {ns}, SGLang's nearest {nearest:+.6} s away"
+                    "{rid}: retract at {ns}, {nearest:+.6} s from SGLang's nearest"
                 ));
             }
         }
@@ -811,10 +838,10 @@ pub fn compare_retractions(ours: &Path, theirs: &Path, unplaced: usize) -> Repor
     let _ = writeln!(
         r.text,
         "retract events: infertrace {placed} placed + {unplaced} not placed, SGLang {total} \
-         over {} requests; largest distance to SGLang's {:.3} ms",
+         over {} requests",
         theirs.len(),
-        worst * 1e3
     );
+    let _ = writeln!(r.text, "{}", describe_differences("retract", &distances));
     if placed == 0 || placed + unplaced != total {
         r.fail(format!(
             "{placed} placed + {unplaced} not placed, SGLang {total} retract events"
@@ -840,6 +867,12 @@ struct Schedule<'a> {
     bid: &'a str,
     forward_mode: &'a str,
     batch_size: Option<i64>,
+}
+
+/// infertrace's duration of a span minus SGLang's (seconds), from their (start, end) edges.
+fn duration_difference(ours: (u64, u64), theirs: (u64, u64)) -> f64 {
+    let length = |(start, end): (u64, u64)| end as f64 - start as f64;
+    (length(ours) - length(theirs)) / 1e9
 }
 
 /// One line on the signed differences `values` (seconds) of `key`: their absolute p50, tail
@@ -947,8 +980,8 @@ fn first_started<'a>(ours: &[SpanView<'a>], n: usize) -> Vec<&'a str> {
 /// The stages SGLang produced for each request, against infertrace's from a live capture (one
 /// that followed the scheduler's loop: replays of recordings made before the mailbox polls were
 /// captured lack it, and main's serialization too): every stage SGLang produced is there
-/// (`api_server_dispatch` included), as many `decode_loop`s and `chunked_prefill`s with their edges
-/// close, the same
+/// (`api_server_dispatch` included), as many `decode_loop`s and `chunked_prefill`s with their
+/// durations (`bounds.loop_durations`) and edges (`bounds.loop_edges`) close, the same
 /// `decode_waiting`s, and the same `schedule` events: one per batch the request was in, in the
 /// same order and forward mode, batch sizes equal where infertrace gives one, and infertrace's
 /// batch ids grouping the requests exactly as SGLang's.
@@ -959,6 +992,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
     let theirs: Vec<SpanView> = theirs_json.iter().map(their_view).collect();
     let mut r = Report::default();
     let mut diffs: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut durations: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut bids: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
     let mut their_bids: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
     let (mut requests, mut events, mut sizes, mut lost_by_sglang, mut aborted) = (0, 0, 0, 0, 0);
@@ -1022,12 +1056,18 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
             }
             r.fail(format!("{id}: infertrace has no {name}"));
         }
-        for (name, start_key, end_key) in [
-            ("decode_loop", "decode_loop start", "decode_loop end"),
+        for (name, start_key, end_key, duration_key) in [
+            (
+                "decode_loop",
+                "decode_loop start",
+                "decode_loop end",
+                "decode_loop duration",
+            ),
             (
                 "chunked_prefill",
                 "chunked_prefill start",
                 "chunked_prefill end",
+                "chunked_prefill duration",
             ),
         ] {
             let (ours_nested, their_nested) = (
@@ -1049,6 +1089,10 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
             for (a, b) in ours_nested.iter().zip(&their_nested) {
                 diffs.entry(start_key).or_default().push(d(a.0, b.0));
                 diffs.entry(end_key).or_default().push(d(a.1, b.1));
+                durations
+                    .entry(duration_key)
+                    .or_default()
+                    .push(duration_difference(*a, *b));
             }
         }
         if let (Some(a), Some(b)) = (
@@ -1160,6 +1204,12 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
             r.fail(failure);
         }
     }
+    for (key, values) in &durations {
+        let _ = writeln!(r.text, "{}", describe_differences(key, values));
+        if let Some(failure) = bounds.loop_durations.exceeded(key, values) {
+            r.fail(failure);
+        }
+    }
     if requests == 0 || events == 0 {
         r.fail("no request's loop stages compared".to_string());
     }
@@ -1181,7 +1231,8 @@ const DECODE_NODE_UNMEASURED: [&str; 4] = [
 /// `decode_forward`'s start to float precision; every request's decode loops one for one (a
 /// streamed request's timed by its outputs, the others by the scheduler's loop) and its
 /// `schedule` events on its stage spans, in the same number, their instants within
-/// `bounds.loop_edges`, the batch sizes infertrace gives equal. `streamed`: the rids the
+/// `bounds.loop_edges` (the decode loops' durations within `bounds.loop_durations`), the batch
+/// sizes infertrace gives equal. `streamed`: the rids the
 /// client streamed.
 pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: Bounds) -> Report {
     let ours_json = json_lines(ours);
@@ -1192,6 +1243,7 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
     let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
     let (mut requests, mut stamped) = (0, Vec::new());
     let (mut loop_edges, mut loop_edges_not_streamed) = (Vec::new(), Vec::new());
+    let (mut loop_durations, mut loop_durations_not_streamed) = (Vec::new(), Vec::new());
     let mut schedule_edges = Vec::new();
     let first_sent = first_started(&ours, SENT_BEFORE_SOCKETS_LEARNT);
     let their_requests = theirs
@@ -1255,13 +1307,17 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
                 b.len()
             ));
         }
-        let edges = if is_streamed {
-            &mut loop_edges
+        let (edges, durations) = if is_streamed {
+            (&mut loop_edges, &mut loop_durations)
         } else {
-            &mut loop_edges_not_streamed
+            (
+                &mut loop_edges_not_streamed,
+                &mut loop_durations_not_streamed,
+            )
         };
         for (a, b) in a.iter().zip(&b) {
             edges.extend([d(a.0, b.0), d(a.1, b.1)]);
+            durations.push(duration_difference(*a, *b));
         }
         // The batches it was in: one event per batch, on its stage spans as SGLang's.
         let (ours_events, their_events) = (
@@ -1291,16 +1347,34 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
         &stamped,
     );
     let _ = writeln!(r.text, "PD decode server: {requests} requests");
-    for (what, edges) in [
-        ("streamed decode_loop edges", &loop_edges),
-        ("decode_loop edges not streamed", &loop_edges_not_streamed),
-        ("schedule (decode batch)", &schedule_edges),
+    for (what, values, tolerance) in [
+        ("streamed decode_loop edges", &loop_edges, bounds.loop_edges),
+        (
+            "decode_loop edges not streamed",
+            &loop_edges_not_streamed,
+            bounds.loop_edges,
+        ),
+        (
+            "streamed decode_loop durations",
+            &loop_durations,
+            bounds.loop_durations,
+        ),
+        (
+            "decode_loop durations not streamed",
+            &loop_durations_not_streamed,
+            bounds.loop_durations,
+        ),
+        (
+            "schedule (decode batch)",
+            &schedule_edges,
+            bounds.loop_edges,
+        ),
     ] {
-        let _ = writeln!(r.text, "{}", describe_differences(what, edges));
-        if edges.is_empty() {
+        let _ = writeln!(r.text, "{}", describe_differences(what, values));
+        if values.is_empty() {
             r.fail(format!("no {what} compared"));
         }
-        if let Some(failure) = bounds.loop_edges.exceeded(what, edges) {
+        if let Some(failure) = tolerance.exceeded(what, values) {
             r.fail(failure);
         }
     }
