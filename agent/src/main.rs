@@ -24,7 +24,9 @@ use infertrace::{
     pipeline::{Pipeline, PipelineOptions},
     session::{self, LiveOptions},
     telemetry::{
-        Clock, SpanOptions, agent_metrics, gpu, metrics::Registry, python_samples, vllm_metrics,
+        Clock, SpanOptions, agent_metrics, gpu,
+        metrics::{MetricDef, Registry},
+        python_samples, sglang_metrics, vllm_metrics,
     },
 };
 
@@ -181,7 +183,11 @@ struct OutputArgs {
 
 impl OutputArgs {
     /// OTLP settings, when OTLP export is asked for (flag or environment).
-    fn otlp(&self, engine_version: Option<&str>) -> anyhow::Result<Option<OtlpOptions>> {
+    fn otlp(
+        &self,
+        engine: Option<&Engine>,
+        engine_version: Option<&str>,
+    ) -> anyhow::Result<Option<OtlpOptions>> {
         let from_env = [
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -218,7 +224,8 @@ impl OutputArgs {
         Ok(Some(OtlpOptions {
             endpoint: self.otlp_endpoint.clone(),
             protocol,
-            service_name: "vllm".to_owned(),
+            // As the engine's own tracing names itself (vLLM's and SGLang's default).
+            service_name: engine.unwrap_or(&Engine::Vllm).package().to_owned(),
             resource,
         }))
     }
@@ -275,7 +282,7 @@ impl OutputArgs {
         };
         let registry = Arc::new(Mutex::new(Registry::default()));
         let mut exporters = self.exporters()?;
-        if let Some(otlp) = self.otlp(options.vllm_version.as_deref())? {
+        if let Some(otlp) = self.otlp(options.engine.as_ref(), options.vllm_version.as_deref())? {
             tracing::info!(
                 "exporting over OTLP ({:?}) to {}",
                 otlp.protocol,
@@ -287,7 +294,7 @@ impl OutputArgs {
                 &otlp,
                 registry.clone(),
                 &[
-                    &vllm_metrics::ALL[..],
+                    engine_metrics(options.engine.as_ref()),
                     &agent_metrics::ALL[..],
                     &gpu::ALL[..],
                     &[&python_samples::PYTHON_SAMPLES],
@@ -502,6 +509,15 @@ fn dp_controller_results(g: &infertrace::engines::sglang::SglangStats) -> String
          not for {}: its serialization not probed or not certain)",
         g.dpc_dispatch_starts, g.dpc_dispatch_starts_unknown
     )
+}
+
+/// The spec's metrics of `engine` (vLLM's when not known), for exporters that declare their
+/// instruments up front.
+fn engine_metrics(engine: Option<&Engine>) -> &'static [&'static MetricDef] {
+    match engine {
+        Some(Engine::Sglang) => &sglang_metrics::ALL,
+        Some(Engine::Vllm) | None => &vllm_metrics::ALL,
+    }
 }
 
 /// What the pipeline made of it, for the summary line.

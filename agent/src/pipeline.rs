@@ -261,13 +261,13 @@ impl Pipeline {
         let handoffs = self.handoff_stats();
         let samples = {
             let mut registry = self.registry.lock().expect("registry lock");
-            agent_metrics::tracker(
-                &mut registry,
-                &self.tracker.stats,
-                &handoffs,
-                self.layout_switches(),
-                self.stats.traces,
-            );
+            match &self.sglang {
+                Some(sglang) => agent_metrics::sglang(&mut registry, &sglang.stats),
+                None => {
+                    agent_metrics::vllm(&mut registry, &self.tracker.stats, self.layout_switches())
+                }
+            }
+            agent_metrics::pipeline(&mut registry, &handoffs, self.stats.traces);
             registry.snapshot()
         };
         let unix_ns = self.clock.unix_ns(now_ns);

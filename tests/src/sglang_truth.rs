@@ -45,12 +45,16 @@ pub struct Bounds {
 }
 
 /// One scheduler on this 2-core machine: the issue's 1 ms at p50 and 5 ms at p99 for the
-/// request-span latencies. The loop edges (stage spans, which the issue asks to be close and
-/// reported) keep 1 ms at p50 and allow 10 ms at p99: SGLang stamps each request of a batch in
-/// turn while it processes the batch's result (its own tracing of every later request
-/// included) and infertrace sees the batch's hand-over after all of it, so a scheduler held off
-/// the CPU in between moves the tail. Measured (docs/accuracy.md): p99 2.8-3.2 ms on the
-/// development machine, 5.4-6.0 ms in two CI runs on a busier one of the same kind.
+/// request-span latencies. The loop's stage spans, which the issue asks to be close and
+/// reported: their durations within 1 ms at p50 and 10 ms at p99, their instants within 2 ms
+/// and 15 ms. SGLang stamps each request of a batch in turn while it processes the batch's
+/// result (its own tracing of every later request included) and infertrace sees the batch's
+/// hand-over after all of it: the instants carry that walk as an offset that grows with a
+/// slower or busier machine (a step's two edges share it, its duration does not), and a
+/// scheduler held off the CPU in between moves the tail. Measured (docs/accuracy.md):
+/// decode_loop end p50 0.22-0.25 ms, p99 2.8-3.2 ms on the development machine on a quiet
+/// morning, p50 0.56-0.68 ms, p99 4.8-6.0 ms (mean signed +1.0 ms) in CI runs and on the same
+/// machine later the same day; the steps' durations p50 0.10-0.11 ms, p99 4.7-6.0 ms.
 pub const ONE_SCHEDULER: Bounds = Bounds {
     latencies: Tolerance {
         p50_s: 1e-3,
@@ -61,8 +65,8 @@ pub const ONE_SCHEDULER: Bounds = Bounds {
         p99_s: 10e-3,
     },
     loop_edges: Tolerance {
-        p50_s: 1e-3,
-        p99_s: 10e-3,
+        p50_s: 2e-3,
+        p99_s: 15e-3,
     },
 };
 /// Two schedulers behind a DP controller on the same 2 cores: each scheduler has a core for
@@ -87,27 +91,22 @@ pub const DATA_PARALLEL_ON_2_CORES: Bounds = Bounds {
     },
 };
 /// A PD decode server (SGLang's fake transfer backend) with two clients, one streaming: the
-/// loop's stage durations as with one scheduler; the request latencies p50 1 ms, p99 10 ms;
-/// the loop's instants p50 2 ms, p99 15 ms. Measured in five runs on 2026-12-04 (60-120
-/// requests): latency p50 at most 0.33 ms, p99 (nearest rank) 2.8-6.5 ms, the furthest
-/// requests not streamed, infertrace's end earlier than SGLang's: main took the final output
-/// over (its mailbox read, infertrace's instant) and was held off the CPU before its output
-/// handler stamped it. The loop's instants sit later than on a server without
-/// disaggregation: a decode server's scheduler takes longer from its last stamp of a batch to
-/// the batch's output hand-over (p50 0.40 ms here, 0.98 ms in a CI run on a busier machine
-/// of the same kind), so decode_loop edges differ by p50 0.42-0.67 ms here and 0.92-1.18 ms
-/// there (mean signed +1.2 ms; schedule events p99 7.5 ms, largest 16.6 ms), while the
-/// steps' durations stay within p50 0.14 ms, p99 4.3 ms there (docs/accuracy.md).
+/// loop's bounds as with one scheduler; the request latencies p50 1 ms, p99 10 ms. Measured in
+/// five runs on 2026-12-04 (60-120 requests): latency p50 at most 0.33 ms, p99 (nearest rank)
+/// 2.8-6.5 ms, the furthest requests not streamed, infertrace's end earlier than SGLang's:
+/// main took the final output over (its mailbox read, infertrace's instant) and was held off
+/// the CPU before its output handler stamped it. The loop's instants sit later than on a
+/// server without disaggregation: a decode server's scheduler takes longer from its last
+/// stamp of a batch to the batch's output hand-over (p50 0.40 ms on a quiet machine, 0.98 ms
+/// in a CI run on a busier one), so decode_loop edges differ by p50 0.42-0.67 ms and 0.92-1.18
+/// ms there (mean signed +1.2 ms; schedule events p99 7.5 ms, largest 16.6 ms), while the
+/// steps' durations stay within p50 0.14 ms, p99 5.2 ms (docs/accuracy.md).
 pub const PD_DECODE_ON_2_CORES: Bounds = Bounds {
     latencies: Tolerance {
         p50_s: 1e-3,
         p99_s: 10e-3,
     },
-    loop_durations: ONE_SCHEDULER.loop_durations,
-    loop_edges: Tolerance {
-        p50_s: 2e-3,
-        p99_s: 15e-3,
-    },
+    ..ONE_SCHEDULER
 };
 /// SGLang's own "dispatched" stamp is taken after `sock_send` returns, so a main thread held
 /// off the CPU (or the GIL) after sending stamps it late: when that stamp comes after the
@@ -794,16 +793,27 @@ fn retract_events(lines: &[Value], ours: bool) -> BTreeMap<String, Vec<u64>> {
 /// per request than SGLang's, each within `RETRACT_S` before SGLang's (SGLang stamps its event
 /// when it puts the request back in its queue, just after it logs the retraction); and every
 /// one of SGLang's accounted for: placed, or counted as not placed (`unplaced`, from the
-/// agent's summary), some of them placed.
+/// agent's summary, which its exported counter must say too), some of them placed.
 pub fn compare_retractions(ours: &Path, theirs: &Path, unplaced: usize) -> Report {
     // infertrace's instant is the log line's write, SGLang's its re-queueing right after it
     // (about 0.02 ms later), unless the scheduler is held off the CPU in between: a CI run
     // on a busy machine had one of 26 events 5.66 ms before SGLang's. Retractions here come
     // over 100 ms apart, so 20 ms cannot reach a neighbour's.
     const RETRACT_S: f64 = 20e-3;
-    let ours = retract_events(&json_lines(ours), true);
+    let ours_json = json_lines(ours);
+    let ours = retract_events(&ours_json, true);
     let theirs = retract_events(&json_lines(theirs), false);
     let mut r = Report::default();
+    let exported = metric_total(
+        last_metrics(&ours_json),
+        "infertrace_sglang_retractions_unplaced_total",
+        None,
+    );
+    if exported != unplaced as f64 {
+        r.fail(format!(
+            "infertrace_sglang_retractions_unplaced_total {exported}, the summary {unplaced}"
+        ));
+    }
     let total: usize = theirs.values().map(Vec::len).sum();
     let (mut placed, mut distances) = (0usize, Vec::new());
     for (rid, at) in &ours {

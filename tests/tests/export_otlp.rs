@@ -1,6 +1,7 @@
-//! OTLP export end to end: `infertrace replay` of the real-vLLM workload fixture sends its spans
-//! and metrics to a real OTLP receiver (the opentelemetry-proto Python bindings, over gRPC and
-//! over HTTP/protobuf); what the receiver got must be what the JSONL output holds.
+//! OTLP export end to end: `infertrace replay` of a real engine's workload fixture (vLLM's, over
+//! gRPC and over HTTP/protobuf; SGLang's over gRPC) sends its spans and metrics to a real OTLP
+//! receiver (the opentelemetry-proto Python bindings); what the receiver got must be what the
+//! JSONL output holds, under the engine's own service name.
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
@@ -82,9 +83,19 @@ fn num(v: &Value) -> u64 {
         .unwrap_or(0)
 }
 
-fn export_and_compare(protocol: &str) {
-    let dir = std::env::temp_dir()
-        .join(format!("infertrace-otlp-{protocol}-{}", std::process::id()).replace('/', "_"));
+/// Replays `recording` (a fixture of engine `service`, as its own tracing names itself) with
+/// an OTLP export over `protocol`, and compares what arrived with the JSONL output; `with_events`:
+/// whether its spans carry events (vLLM's iterations at granularity 2; the SGLang fixtures were
+/// recorded before the scheduler's loop, whose `schedule` events they would carry, was
+/// followed).
+fn export_and_compare(recording: &str, service: &str, protocol: &str, with_events: bool) {
+    let dir = std::env::temp_dir().join(
+        format!(
+            "infertrace-otlp-{service}-{protocol}-{}",
+            std::process::id()
+        )
+        .replace('/', "_"),
+    );
     std::fs::create_dir_all(&dir).unwrap();
     let received = dir.join("received.jsonl");
     let ours = dir.join("ours.jsonl");
@@ -92,7 +103,7 @@ fn export_and_compare(protocol: &str) {
     let port = if protocol == "grpc" { r.grpc } else { r.http };
     let out = Command::new(infertrace_bin())
         .args(["replay"])
-        .arg(fixture("vllm-0.32.0-workload.rec"))
+        .arg(fixture(recording))
         .args(["--granularity", "2", "--output"])
         .arg(format!("jsonl:{}", ours.display()))
         .args(["--otlp-protocol", protocol, "--otlp-endpoint"])
@@ -130,7 +141,7 @@ fn export_and_compare(protocol: &str) {
     assert!(
         their_spans
             .iter()
-            .all(|s| s["_resource"]["service.name"]["stringValue"] == "vllm")
+            .all(|s| s["_resource"]["service.name"]["stringValue"] == service)
     );
     let theirs = span_shapes(their_spans.iter().map(|s| {
         let keys = s["attributes"]
@@ -167,9 +178,10 @@ fn export_and_compare(protocol: &str) {
             .sum()
     };
     assert_eq!(events(&their_spans, "events"), events(&our_spans, "events"));
-    assert!(
+    assert_eq!(
         events(&our_spans, "events") > 0,
-        "granularity 2 has iteration events"
+        with_events,
+        "span events in {recording}"
     );
 
     // Metrics: the last value of each series equals the last JSONL snapshot.
@@ -199,10 +211,15 @@ fn export_and_compare(protocol: &str) {
 
 #[test]
 fn spans_and_metrics_over_grpc() {
-    export_and_compare("grpc");
+    export_and_compare("vllm-0.32.0-workload.rec", "vllm", "grpc", true);
 }
 
 #[test]
 fn spans_and_metrics_over_http_protobuf() {
-    export_and_compare("http/protobuf");
+    export_and_compare("vllm-0.32.0-workload.rec", "vllm", "http/protobuf", true);
+}
+
+#[test]
+fn sglang_spans_and_metrics_over_grpc() {
+    export_and_compare("sglang-0.5.23-pickle.rec", "sglang", "grpc", false);
 }

@@ -36,7 +36,7 @@ impl Engine {
     }
 
     /// The importable package.
-    fn package(&self) -> &'static str {
+    pub fn package(&self) -> &'static str {
         match self {
             Engine::Vllm => "vllm",
             Engine::Sglang => "sglang",

@@ -16,7 +16,7 @@
 //! hit rate, and computing one from the prefill lines would not be the scheduler's figure.
 use super::{
     Clock,
-    api_metrics::api_usage,
+    api_metrics::{USAGE_TOKENS, api_usage},
     metrics::{Dimensions, Kind, MetricDef, Registry},
     sglang_spans::{engine_side, instants},
 };
@@ -110,6 +110,26 @@ pub const LOG_COUNT: MetricDef = counter(
     "Times",
     "The number of statistical reports, which is used to calculate the average of the preceding snapshot metrics.",
 );
+
+/// Every SGLang metric (with the API layer's), for exporters that declare instruments up front.
+pub static ALL: [&MetricDef; 16] = [
+    &USAGE_TOKENS,
+    &PROMPT_TOKENS,
+    &GENERATION_TOKENS,
+    &CACHED_TOKENS,
+    &NUM_REQUESTS,
+    &TIME_TO_FIRST_TOKEN,
+    &TIME_PER_OUTPUT_TOKEN,
+    &INTER_TOKEN_LATENCY,
+    &REQUEST_DURATION,
+    &NUM_RUNNING_REQS,
+    &NUM_QUEUE_REQS,
+    &NUM_USED_TOKENS,
+    &TOKEN_USAGE,
+    &GEN_THROUGHPUT,
+    &SPEC_ACCEPT_LENGTH,
+    &LOG_COUNT,
+];
 
 /// One statistics report of a scheduler: each snapshot it carries is added, and counted.
 pub fn report(r: &mut Registry, stats: &DecodeStats) {
