@@ -151,44 +151,54 @@ pub static ALL: [&MetricDef; 24] = [
     &TRACES,
 ];
 
-/// Totals of the capture stage.
-pub fn capture(r: &mut Registry, kernel: &KernelCounters, flows: &FlowStats) {
-    for (def, value) in [
-        (&CAPTURED_SYSCALLS, kernel.captured_syscalls),
-        (&LOST_RECORDS, kernel.ring_full),
-        (&TRUNCATED_SYSCALLS, kernel.truncated_syscalls),
-        (&UNREADABLE_CHUNKS, kernel.read_failed),
-        (&MAP_FULL, kernel.map_full),
-        (&CUDA_LOOKUP_READ_FAILURES, kernel.cuda_read_failed),
-        (&STREAM_GAPS, flows.gaps),
-    ] {
+/// Sets each counter, without dimensions, to its total so far.
+fn set_totals(r: &mut Registry, totals: &[(&MetricDef, u64)]) {
+    for &(def, value) in totals {
         r.set_total(def, Vec::new(), value as f64);
     }
+}
+
+/// Totals of the capture stage.
+pub fn capture(r: &mut Registry, kernel: &KernelCounters, flows: &FlowStats) {
+    set_totals(
+        r,
+        &[
+            (&CAPTURED_SYSCALLS, kernel.captured_syscalls),
+            (&LOST_RECORDS, kernel.ring_full),
+            (&TRUNCATED_SYSCALLS, kernel.truncated_syscalls),
+            (&UNREADABLE_CHUNKS, kernel.read_failed),
+            (&MAP_FULL, kernel.map_full),
+            (&CUDA_LOOKUP_READ_FAILURES, kernel.cuda_read_failed),
+            (&STREAM_GAPS, flows.gaps),
+        ],
+    );
 }
 
 /// Totals of the vLLM tracker.
 pub fn vllm(r: &mut Registry, stats: &TrackerStats, layout_switches: u64) {
-    for (def, value) in [
-        (&UNDECODABLE, stats.undecodable),
-        (&WITHOUT_ADD, stats.requests_without_add),
-        (&EVICTED, stats.evicted),
-        (&LAYOUT_SWITCHES, layout_switches),
-    ] {
-        r.set_total(def, Vec::new(), value as f64);
-    }
+    set_totals(
+        r,
+        &[
+            (&UNDECODABLE, stats.undecodable),
+            (&WITHOUT_ADD, stats.requests_without_add),
+            (&EVICTED, stats.evicted),
+            (&LAYOUT_SWITCHES, layout_switches),
+        ],
+    );
 }
 
 /// Totals of the SGLang tracker.
 pub fn sglang(r: &mut Registry, stats: &SglangStats) {
-    for (def, value) in [
-        (&SGLANG_UNDECODABLE, stats.undecodable),
-        (&SGLANG_WITHOUT_REQUEST, stats.outputs_without_request),
-        (&SGLANG_EVICTED, stats.evicted),
-        (&SGLANG_RETRACTIONS_UNPLACED, stats.retractions_unplaced),
-        (&SGLANG_LOOP_LEFT_OUT, stats.loop_requests_not_placed),
-    ] {
-        r.set_total(def, Vec::new(), value as f64);
-    }
+    set_totals(
+        r,
+        &[
+            (&SGLANG_UNDECODABLE, stats.undecodable),
+            (&SGLANG_WITHOUT_REQUEST, stats.outputs_without_request),
+            (&SGLANG_EVICTED, stats.evicted),
+            (&SGLANG_RETRACTIONS_UNPLACED, stats.retractions_unplaced),
+            (&SGLANG_LOOP_LEFT_OUT, stats.loop_requests_not_placed),
+        ],
+    );
     for (dispatcher, value) in [
         ("tokenizer", stats.dispatch_starts_unknown),
         ("dp_controller", stats.dpc_dispatch_starts_unknown),
@@ -200,17 +210,18 @@ pub fn sglang(r: &mut Registry, stats: &SglangStats) {
 
 /// Totals of the pipeline: how the frontend's instants were found, traces reported.
 pub fn pipeline(r: &mut Registry, handoffs: &HandoffStats, traces: u64) {
-    for (def, value) in [
-        (&TAKEN_OVER, handoffs.taken_over),
-        (&NEXT_ITERATION, handoffs.next_iteration),
-        (&AT_ARRIVAL, handoffs.at_arrival),
-        (&HANDED_OVER, handoffs.handed_over),
-        (&SEND_PROBED, handoffs.send_probed),
-        (&AT_SEND, handoffs.at_send),
-        (&TRACES, traces),
-    ] {
-        r.set_total(def, Vec::new(), value as f64);
-    }
+    set_totals(
+        r,
+        &[
+            (&TAKEN_OVER, handoffs.taken_over),
+            (&NEXT_ITERATION, handoffs.next_iteration),
+            (&AT_ARRIVAL, handoffs.at_arrival),
+            (&HANDED_OVER, handoffs.handed_over),
+            (&SEND_PROBED, handoffs.send_probed),
+            (&AT_SEND, handoffs.at_send),
+            (&TRACES, traces),
+        ],
+    );
 }
 
 #[cfg(test)]
