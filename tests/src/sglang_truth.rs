@@ -885,6 +885,15 @@ fn duration_difference(ours: (u64, u64), theirs: (u64, u64)) -> f64 {
     (length(ours) - length(theirs)) / 1e9
 }
 
+/// Reports the signed differences `values` (seconds) of `key` (`describe_differences`), and
+/// fails `r` when they are beyond `tolerance`.
+fn report_within(r: &mut Report, key: &str, values: &[f64], tolerance: Tolerance) {
+    let _ = writeln!(r.text, "{}", describe_differences(key, values));
+    if let Some(failure) = tolerance.exceeded(key, values) {
+        r.fail(failure);
+    }
+}
+
 /// One line on the signed differences `values` (seconds) of `key`: their absolute p50, tail
 /// (p99, or p90 under 100 values, as `Tolerance::exceeded` reads them) and largest, and their
 /// mean.
@@ -1215,10 +1224,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
         }
     }
     for (key, values) in &durations {
-        let _ = writeln!(r.text, "{}", describe_differences(key, values));
-        if let Some(failure) = bounds.loop_durations.exceeded(key, values) {
-            r.fail(failure);
-        }
+        report_within(&mut r, key, values, bounds.loop_durations);
     }
     if requests == 0 || events == 0 {
         r.fail("no request's loop stages compared".to_string());
@@ -1242,8 +1248,7 @@ const DECODE_NODE_UNMEASURED: [&str; 4] = [
 /// streamed request's timed by its outputs, the others by the scheduler's loop) and its
 /// `schedule` events on its stage spans, in the same number, their instants within
 /// `bounds.loop_edges` (the decode loops' durations within `bounds.loop_durations`), the batch
-/// sizes infertrace gives equal. `streamed`: the rids the
-/// client streamed.
+/// sizes infertrace gives equal. `streamed`: the rids the client streamed.
 pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: Bounds) -> Report {
     let ours_json = json_lines(ours);
     let theirs_json = json_lines(theirs);
@@ -1380,13 +1385,10 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
             bounds.loop_edges,
         ),
     ] {
-        let _ = writeln!(r.text, "{}", describe_differences(what, values));
         if values.is_empty() {
             r.fail(format!("no {what} compared"));
         }
-        if let Some(failure) = tolerance.exceeded(what, values) {
-            r.fail(failure);
-        }
+        report_within(&mut r, what, values, tolerance);
     }
     if requests == 0 || exact == 0 {
         r.fail("nothing of a PD decode server compared".to_string());
