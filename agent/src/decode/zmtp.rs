@@ -147,8 +147,6 @@ pub struct ZmtpStream {
     msg: Vec<Vec<u8>>,
     msg_bytes: u64,
     msg_first_ns: u64,
-    /// The `first_ns` of the latest message delivered (see [`ZmtpStream::emit_message`]).
-    previous_first_ns: Option<u64>,
     /// The last data frame had MORE: the next frame continues a message.
     more_pending: bool,
     skip: Skip,
@@ -279,7 +277,6 @@ impl ZmtpStream {
             msg: Vec::new(),
             msg_bytes: 0,
             msg_first_ns: 0,
-            previous_first_ns: None,
             more_pending: false,
             skip: Skip::None,
             probation: 0,
@@ -601,19 +598,9 @@ impl ZmtpStream {
 
     fn emit_message(&mut self, ts: u64, out: &mut Vec<ZmtpEvent>) {
         self.msg_bytes = 0;
-        // A message's capture time is its key downstream: its hand-over or take-over instant
-        // is looked up by it. Messages beginning in one syscall (an I/O thread that waited
-        // for a CPU writes every message queued meanwhile at once, each with its own
-        // hand-over) would share it, so each is stamped a nanosecond after the one before.
-        let first_ns = self
-            .previous_first_ns
-            .map_or(self.msg_first_ns, |previous| {
-                self.msg_first_ns.max(previous + 1)
-            });
-        self.previous_first_ns = Some(first_ns);
         let message = ZmtpMessage {
-            first_ns,
-            last_ns: ts.max(first_ns),
+            first_ns: self.msg_first_ns,
+            last_ns: ts,
             frames: std::mem::take(&mut self.msg),
         };
         self.deliver(ZmtpEvent::Message(message), out);
@@ -1571,13 +1558,11 @@ mod tests {
         let mut s = synced();
         let events = s.feed(42, &wire);
         assert_eq!(frames_of(&events), sent);
-        // Each message is told apart by its capture time: a nanosecond after the one before.
-        let times: Vec<(u64, u64)> = messages(&events)
-            .iter()
-            .map(|m| (m.first_ns, m.last_ns))
-            .collect();
-        let expected: Vec<(u64, u64)> = (42..1042).map(|ns| (ns, ns)).collect();
-        assert_eq!(times, expected);
+        assert!(
+            messages(&events)
+                .iter()
+                .all(|m| m.first_ns == 42 && m.last_ns == 42)
+        );
     }
 
     #[test]
@@ -1649,9 +1634,8 @@ mod tests {
         assert!(s.feed(2, &second[3..]).is_empty());
         let events = s.feed(3, &encode(&sent[2]));
         assert_eq!(frames_of(&events), sent);
-        // The first two began in feed 1: the second is stamped a nanosecond later.
         let times: Vec<_> = messages(&events).iter().map(|m| m.first_ns).collect();
-        assert_eq!(times, vec![1, 2, 3]);
+        assert_eq!(times, vec![1, 1, 3]);
 
         // Sync lost during the probation: what was held is dropped, not delivered.
         let mut s = ZmtpStream::new();

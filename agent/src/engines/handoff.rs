@@ -112,6 +112,8 @@ struct Process {
     send_mailbox: Option<u32>,
     /// The application's sends as libzmq's probe saw them.
     send_probe: SendProbe,
+    /// The key of the latest message sent per fd (see [`Handoffs::sent`]).
+    latest_sent: HashMap<u32, u64>,
 }
 
 /// Take-over instants of received messages, per process process.
@@ -161,12 +163,28 @@ impl Handoffs {
         }
     }
 
-    /// Process `tgid`'s I/O thread started writing a message to `fd` at `ns`, whose last frame
-    /// is `last_frame` bytes long (call it for every message sent: each one moves its socket's
-    /// hand-overs on). `keep`: its hand-over instant will be asked for ([`Handoffs::taken_at`]
-    /// answers for it too).
-    pub fn sent(&mut self, tgid: u32, fd: u32, ns: u64, last_frame: usize, keep: bool) {
+    /// Process `tgid`'s I/O thread started writing a message to `fd` at `written_ns`, whose
+    /// last frame is `last_frame` bytes long (call it for every message sent: each one moves
+    /// its socket's hand-overs on). `keep`: its hand-over instant will be asked for.
+    ///
+    /// Returns the message's key, the capture time [`Handoffs::taken_at`] answers for:
+    /// `written_ns`, but a nanosecond after the previous message on `fd` when one syscall wrote
+    /// both. An I/O thread kept off the CPU writes every message queued meanwhile at once, each
+    /// with its own hand-over (a CI run: two of a scheduler's outputs handed over 4 ms apart).
+    pub fn sent(
+        &mut self,
+        tgid: u32,
+        fd: u32,
+        written_ns: u64,
+        last_frame: usize,
+        keep: bool,
+    ) -> u64 {
         let process = self.processes.entry(tgid).or_default();
+        let ns = match process.latest_sent.get(&fd) {
+            Some(&previous) => written_ns.max(previous + 1),
+            None => written_ns,
+        };
+        process.latest_sent.insert(fd, ns);
         let handed = process.send_probe.written(fd, ns, last_frame, keep);
         // The first writes after attach, made before their socket was known: the write that
         // decided it times them too.
@@ -179,13 +197,14 @@ impl Handoffs {
                 self.stats.send_probed += 1;
                 self.remember(ns, handed);
             }
-            return;
+            return ns;
         }
         let at_send = !self.mailbox_handover(tgid, ns, keep);
         self.stats.at_send += u64::from(keep && at_send);
         if let Some(process) = self.processes.get_mut(&tgid) {
             process.send_probe.timed_at_send(ns, at_send);
         }
+        ns
     }
 
     /// Time a send by the application's write to the I/O thread's mailbox that woke it, when
@@ -575,14 +594,16 @@ mod tests {
         assert_eq!(h.taken_at(46 * MS), 40 * MS);
         assert_eq!(h.taken_at(46 * MS + 20 * US), 42 * MS);
         // Two outputs handed over 4 ms apart that the I/O thread, kept off the CPU, wrote in
-        // one syscall: the decoder stamps the second a nanosecond after the first (zmtp.rs),
-        // and each keeps its own hand-over (a CI run had the first timed at the second's).
+        // one syscall: each keeps its own hand-over, the second under a key a nanosecond
+        // later (a CI run had the first timed at the second's hand-over).
         h.handed_over(&handover(50 * MS));
         h.handed_over(&handover(54 * MS));
-        h.sent(PID, SEND_FD, 55 * MS, FRAME, true);
-        h.sent(PID, SEND_FD, 55 * MS + 1, FRAME, true);
+        assert_eq!(h.sent(PID, SEND_FD, 55 * MS, FRAME, true), 55 * MS);
+        assert_eq!(h.sent(PID, SEND_FD, 55 * MS, FRAME, true), 55 * MS + 1);
         assert_eq!(h.taken_at(55 * MS), 50 * MS);
         assert_eq!(h.taken_at(55 * MS + 1), 54 * MS);
+        // Another fd's message written at that instant keeps it.
+        assert_eq!(h.sent(PID, SEND_FD + 1, 55 * MS, FRAME, false), 55 * MS);
         assert_eq!(
             (h.stats.handed_over, h.stats.send_probed, h.stats.at_send),
             (7, 7, 0)

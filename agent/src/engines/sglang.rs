@@ -570,6 +570,8 @@ impl SglangTracker {
                 message,
             } => {
                 let decoded = self.decoder.decode(&message.frames);
+                // A message sent is known by the key its hand-over is looked up by.
+                let mut first_ns = message.first_ns;
                 if *outgoing {
                     // Every message sent moves its socket's hand-overs on; the instants asked
                     // about are those of requests and of the scheduler's outputs.
@@ -581,12 +583,12 @@ impl SglangTracker {
                         _ => false,
                     };
                     let last_frame = message.frames.last().map_or(0, Vec::len);
-                    self.handoffs
-                        .sent(*tgid, *fd, message.first_ns, last_frame, asked);
+                    first_ns = self.handoffs.sent(*tgid, *fd, first_ns, last_frame, asked);
                 }
                 match decoded {
                     Some(Ok(m)) => {
-                        self.message(*tgid, *outgoing, m, message.first_ns, message.last_ns);
+                        let last_ns = message.last_ns.max(first_ns);
+                        self.message(*tgid, *outgoing, m, first_ns, last_ns);
                     }
                     Some(Err(e)) => {
                         self.stats.undecodable += 1;
