@@ -94,8 +94,9 @@ struct Arrival {
 struct Process {
     votes: HashMap<u32, u32>,
     mailbox: Option<u32>,
-    /// The latest message with no mailbox write since; it may be about to signal.
-    candidate: Option<Arrival>,
+    /// The messages of the latest read with no mailbox write since (one read can bring
+    /// several, each completed at its instant); they may be about to signal.
+    candidate: Vec<Arrival>,
     /// The candidate already voted (only the first write after a message votes).
     voted: bool,
     /// The mailbox was written and not yet read: these messages wait for the read.
@@ -135,9 +136,11 @@ impl Handoffs {
             waiting.push(arrival);
             return;
         }
-        if let Some(earlier) = process.candidate.replace(arrival) {
-            self.stats.at_arrival += u64::from(earlier.keep);
+        if process.candidate.first().is_some_and(|c| c.ns != ns) {
+            let earlier = std::mem::take(&mut process.candidate);
+            self.stats.at_arrival += kept(&earlier);
         }
+        process.candidate.push(arrival);
         process.voted = false;
     }
 
@@ -258,18 +261,20 @@ impl Handoffs {
             }
             let follows = process
                 .candidate
-                .filter(|c| w.ns >= c.ns && w.ns - c.ns <= SIGNAL_WINDOW_NS);
-            if follows.is_some() && !process.voted {
+                .first()
+                .is_some_and(|c| w.ns >= c.ns && w.ns - c.ns <= SIGNAL_WINDOW_NS);
+            if follows && !process.voted {
                 process.voted = true;
                 vote(&mut process.votes, &mut process.mailbox, w.fd);
             }
             if process.mailbox == Some(w.fd) && process.signalled.is_none() {
-                let candidate = process.candidate.take();
-                if follows.is_none() {
+                let mut candidate = std::mem::take(&mut process.candidate);
+                if !follows {
                     // Too late to be its signal: it was taken by a loop already awake.
-                    self.stats.at_arrival += u64::from(candidate.is_some_and(|c| c.keep));
+                    self.stats.at_arrival += kept(&candidate);
+                    candidate.clear();
                 }
-                process.signalled = Some(follows.into_iter().collect());
+                process.signalled = Some(candidate);
             }
             return;
         }
@@ -280,12 +285,11 @@ impl Handoffs {
         let woken = match process.signalled.take() {
             Some(waiting) => waiting,
             // The write's record is behind the read's in the ring: it signalled the candidate.
-            None => process
-                .candidate
-                .take()
-                .filter(|c| c.ns <= w.ns)
-                .into_iter()
-                .collect(),
+            None => {
+                let mut candidate = std::mem::take(&mut process.candidate);
+                candidate.retain(|c| c.ns <= w.ns);
+                candidate
+            }
         };
         let kept: Vec<u64> = woken.iter().filter(|a| a.keep).map(|a| a.ns).collect();
         process.awaiting_iteration = if w.tid == w.tgid {
@@ -332,6 +336,11 @@ impl Handoffs {
             self.taken.remove(&oldest);
         }
     }
+}
+
+/// How many of `arrivals` will be asked about.
+fn kept(arrivals: &[Arrival]) -> u64 {
+    arrivals.iter().filter(|a| a.keep).count() as u64
 }
 
 /// One vote for `fd`; the fd with the most votes (at least [`VOTES_NEEDED`]) is the mailbox.
@@ -438,6 +447,17 @@ mod tests {
         assert_eq!(h.taken_at(t + 7 * MS), t + 7 * MS);
         assert_eq!(h.taken_at(t + 9 * MS), t + 12 * MS);
         assert_eq!(h.stats.at_arrival, 2 + 2);
+        // Two outputs one read brought (completed at its instant), the write after them: both
+        // taken over at the mailbox read, and counted so.
+        h.received(PID, t + 20 * MS, true);
+        h.received(PID, t + 20 * MS, true);
+        h.wakeup(&wakeup(MAILBOX, t + 20 * MS + 10 * US, true));
+        h.wakeup(&wakeup(MAILBOX, t + 23 * MS, false));
+        assert_eq!(h.taken_at(t + 20 * MS), t + 23 * MS);
+        assert_eq!(
+            (h.stats.taken_over, h.stats.at_arrival),
+            (1 + 2 + 1 + 2, 2 + 2)
+        );
     }
 
     #[test]
