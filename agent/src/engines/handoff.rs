@@ -24,13 +24,9 @@
 //!   the queue, runs in the iteration after. asyncio (uvloop) runs the callbacks made ready in
 //!   one iteration in the next one, after waiting in epoll, so `output_handler` runs once the
 //!   loop thread's first epoll wait that began after the read has returned. The agent follows
-//!   main threads' epoll waits ([`LoopWait`], passed on by [`Handoffs::loop_waited`]).
-//! - SGLang handles an output in the task that awaits the socket (`handle_loop`), with no
-//!   queue in between ([`Handling::ByTheAwaitingTask`]). When pyzmq's reader callback made the
-//!   read (the loop had been waiting in epoll when the message came), it wakes that task for
-//!   the next iteration, as above. When the task read the socket itself (pyzmq checks the
-//!   socket before it waits: the message came while the loop was busy and no epoll wait has
-//!   returned since), it handles the message at once: the read stands.
+//!   main threads' epoll waits ([`LoopWait`]); an engine whose tracker passes them on gets
+//!   that instant ([`Handoffs::loop_waited`]), and one that does not (SGLang's frontend
+//!   handles its outputs in the socket's task) keeps the read.
 //!
 //! Sending is the mirror image: the application thread's `send` queues the message and, when
 //! the I/O thread was idle, wakes it by writing the I/O thread's mailbox; the I/O thread's
@@ -71,7 +67,7 @@ const MAX_KEPT: usize = 131_072;
 pub struct HandoffStats {
     /// Messages whose take-over by the event loop was seen (a mailbox read).
     pub taken_over: u64,
-    /// Of those, messages timed at the loop's next iteration after the read.
+    /// Of those, messages timed at the loop's next iteration after the read (vLLM).
     pub next_iteration: u64,
     /// Messages kept at their arrival time: received while the loop was busy, before the
     /// mailbox was learned, or in a capture without eventfds.
@@ -110,8 +106,6 @@ struct Process {
     /// Messages that read took over, by arrival, until the loop thread's next epoll wait
     /// (only when the loop runs on the main thread, whose waits the agent sees).
     awaiting_iteration: Vec<u64>,
-    /// When the main thread's latest epoll wait returned.
-    last_wait_exit_ns: u64,
     /// The latest eventfd writes (fd, ns), oldest first.
     recent_writes: VecDeque<(u32, u64)>,
     send_votes: HashMap<u32, u32>,
@@ -123,22 +117,9 @@ struct Process {
     latest_sent: HashMap<u32, u64>,
 }
 
-/// Where an engine's event loop handles a message it took over (see the module doc).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Handling {
-    /// In the loop's next iteration, whichever code read it (vLLM: the socket's task queues it
-    /// for `output_handler`).
-    #[default]
-    NextIteration,
-    /// In the task awaiting the socket (SGLang): the next iteration when the reader callback
-    /// read it for that task, at once when the task read it itself.
-    ByTheAwaitingTask,
-}
-
 /// Take-over instants of received messages, per process process.
 #[derive(Default)]
 pub struct Handoffs {
-    handling: Handling,
     processes: HashMap<u32, Process>,
     taken: HashMap<u64, u64>,
     order: VecDeque<u64>,
@@ -146,14 +127,6 @@ pub struct Handoffs {
 }
 
 impl Handoffs {
-    /// Take-overs of an engine whose loop handles its messages so.
-    pub fn handled(handling: Handling) -> Self {
-        Self {
-            handling,
-            ..Self::default()
-        }
-    }
-
     /// Process `tgid` received an engine output message completed at `ns`. `keep`: its
     /// take-over instant will be asked for.
     pub fn received(&mut self, tgid: u32, ns: u64, keep: bool) {
@@ -319,15 +292,7 @@ impl Handoffs {
             }
         };
         let kept: Vec<u64> = woken.iter().filter(|a| a.keep).map(|a| a.ns).collect();
-        // No epoll wait returned since the first of them came: the loop was busy, and the
-        // task awaiting the socket read it itself.
-        let read_by_the_task = self.handling == Handling::ByTheAwaitingTask
-            && woken
-                .iter()
-                .map(|a| a.ns)
-                .min()
-                .is_some_and(|first| process.last_wait_exit_ns < first);
-        process.awaiting_iteration = if w.tid == w.tgid && !read_by_the_task {
+        process.awaiting_iteration = if w.tid == w.tgid {
             kept.clone()
         } else {
             Vec::new()
@@ -341,8 +306,9 @@ impl Handoffs {
     /// Process `wait.tgid`'s main thread waited in epoll: when the wait began after the latest
     /// mailbox read, the messages that read took over are handled once it returns.
     pub fn loop_waited(&mut self, wait: &LoopWait) {
-        let process = self.processes.entry(wait.tgid).or_default();
-        process.last_wait_exit_ns = wait.exit_ns;
+        let Some(process) = self.processes.get_mut(&wait.tgid) else {
+            return;
+        };
         if wait.enter_ns < process.last_read_ns || process.awaiting_iteration.is_empty() {
             return;
         }
@@ -433,22 +399,11 @@ mod tests {
 
     /// A handoff table that has learned the mailbox from three quiet outputs.
     fn learned() -> Handoffs {
-        learn(Handoffs::default())
-    }
-
-    fn learn(mut h: Handoffs) -> Handoffs {
+        let mut h = Handoffs::default();
         for i in 0..3 {
             signalled_output(&mut h, i * 10 * MS, MS);
         }
         h
-    }
-
-    fn loop_wait(enter_ns: u64, exit_ns: u64) -> LoopWait {
-        LoopWait {
-            tgid: PID,
-            enter_ns,
-            exit_ns,
-        }
     }
 
     #[test]
@@ -529,7 +484,11 @@ mod tests {
     fn a_message_read_by_the_main_thread_is_handled_when_its_next_loop_wait_returns() {
         let mut h = learned();
         let t = 250 * MS;
-        let wait = loop_wait;
+        let wait = |enter_ns, exit_ns| LoopWait {
+            tgid: PID,
+            enter_ns,
+            exit_ns,
+        };
         h.received(PID, t, true);
         h.wakeup(&wakeup(MAILBOX, t + 20 * US, true));
         h.wakeup(&wakeup(MAILBOX, t + MS, false));
@@ -552,29 +511,6 @@ mod tests {
         });
         h.loop_waited(&wait(u + 2 * MS, u + 3 * MS));
         assert_eq!(h.taken_at(u), u + MS);
-        assert_eq!((h.stats.taken_over, h.stats.next_iteration), (1 + 2, 1));
-    }
-
-    #[test]
-    fn a_task_that_read_its_socket_itself_handles_the_message_at_once() {
-        let mut h = learn(Handoffs::handled(Handling::ByTheAwaitingTask));
-        let t = 250 * MS;
-        // The loop waited in epoll when the output came: the reader callback read it for the
-        // task, which runs in the next iteration.
-        h.received(PID, t, true);
-        h.wakeup(&wakeup(MAILBOX, t + 20 * US, true));
-        h.loop_waited(&loop_wait(t - MS, t + 50 * US));
-        h.wakeup(&wakeup(MAILBOX, t + 100 * US, false));
-        h.loop_waited(&loop_wait(t + MS, t + MS + 10 * US));
-        assert_eq!(h.taken_at(t), t + MS + 10 * US);
-        // The next output came while the task was handling that one, and no wait returned
-        // before the task read the socket again: it handled the output at that read.
-        let u = t + 3 * MS;
-        h.received(PID, u, true);
-        h.wakeup(&wakeup(MAILBOX, u + 20 * US, true));
-        h.wakeup(&wakeup(MAILBOX, u + 2 * MS, false));
-        h.loop_waited(&loop_wait(u + 3 * MS, u + 3 * MS + 10 * US));
-        assert_eq!(h.taken_at(u), u + 2 * MS);
         assert_eq!((h.stats.taken_over, h.stats.next_iteration), (1 + 2, 1));
     }
 

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::{
     dispatch_start::DispatchStarts,
-    handoff::{Handling, HandoffStats, Handoffs},
+    handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
     iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
@@ -475,7 +475,7 @@ impl Default for SglangTracker {
             loops: SchedulerLoops::default(),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
             joiner: Joiner::default(),
-            handoffs: Handoffs::handled(Handling::ByTheAwaitingTask),
+            handoffs: Handoffs::default(),
             dispatch_starts: DispatchStarts::default(),
             now_ns: 0,
             reports: Vec::new(),
@@ -515,11 +515,10 @@ impl SglangTracker {
                 self.dispatch_starts.handed_over(handover);
             }
             Decoded::Serializing(s) => self.dispatch_starts.serializing(s),
-            // Main's loop: an output read for its task by pyzmq's reader callback is handled
-            // in the next iteration (handoff.rs).
-            Decoded::LoopWait(wait) => self.handoffs.loop_waited(wait),
+            // SGLang's frontend handles an output in the task that read it: the mailbox read
+            // is its instant, with no loop iteration to wait for.
             // GPU steps and Python samples go to the pipeline's own stages.
-            Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_) => {}
+            Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_) => {}
             // The schedulers' loops; main's polls are its asyncio loop's business.
             Decoded::MailboxPoll(poll) if self.ranks.contains_key(&poll.tgid) => {
                 self.stats.loop_iterations += self.loops.poll(poll);
