@@ -1458,3 +1458,50 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request(attributes: &Value, end: u64) -> SpanView<'_> {
+        SpanView {
+            name: " Req",
+            id: "",
+            parent: "",
+            start: 0,
+            end,
+            attributes,
+            links: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_request_is_allowed_sglangs_walk_over_the_earlier_ones_of_its_message() {
+        let ids: Vec<Value> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| json!({ "gen_ai.request.id": id }))
+            .collect();
+        // infertrace ended a, b and c at one take-over, d at the next; SGLang stamped b first.
+        let ours = [
+            request(&ids[0], 100),
+            request(&ids[1], 100),
+            request(&ids[2], 100),
+            request(&ids[3], 200),
+        ];
+        let theirs = [
+            request(&ids[0], 900),
+            request(&ids[1], 400),
+            request(&ids[2], 5_400),
+            request(&ids[3], 700),
+        ];
+        let lags = finish_lags_in_message(
+            &ours.iter().collect::<Vec<_>>(),
+            &theirs.iter().collect::<Vec<_>>(),
+        );
+        assert_eq!(
+            lags,
+            BTreeMap::from([("a", 500e-9), ("b", 0.0), ("c", 5_000e-9), ("d", 0.0)])
+        );
+    }
+}

@@ -149,7 +149,10 @@ impl Handoffs {
     /// began): that write, already timed by a fallback, is timed again by its hand-over.
     pub fn handed_over(&mut self, h: &Handover) {
         let process = self.processes.entry(h.tgid).or_default();
-        if let Some(late) = process.send_probe.handed_over(h) {
+        let late = process.send_probe.handed_over(h);
+        // Its vote may have elected its socket, timing the writes before.
+        let elected = process.send_probe.take_elected();
+        for late in late.into_iter().chain(elected) {
             self.late_match(late);
         }
     }

@@ -78,7 +78,8 @@ pub struct SendProbe {
     pending: VecDeque<Pending>,
     votes: HashMap<(u32, u64), u32>,
     socket_of_fd: HashMap<u32, u64>,
-    /// Writes on known sockets no hand-over fitted yet, oldest first.
+    /// Writes no hand-over fitted yet, oldest first: on a known socket, or on an fd whose
+    /// socket is not known yet (the late hand-over then votes for it).
     unmatched: VecDeque<Unmatched>,
     /// Writes before their fd's socket was known, with the hand-over that voted (the first
     /// messages after attach), oldest first.
@@ -96,11 +97,24 @@ impl SendProbe {
             .iter()
             .find(|(_, socket)| **socket == h.socket)
             .map(|(fd, _)| *fd);
+        // Its write began inside the call: on the socket's fd, or, while the socket is not
+        // known, on an fd not known either.
         let late = self.unmatched.iter().position(|u| {
-            Some(u.fd) == socket_fd && u.ns >= h.enter_ns && u.size == h.size as usize
+            let same_fd = match socket_fd {
+                Some(fd) => u.fd == fd,
+                None => !self.socket_of_fd.contains_key(&u.fd),
+            };
+            same_fd && u.ns >= h.enter_ns && u.size == h.size as usize
         });
         if let Some(i) = late {
             let u = self.unmatched.remove(i)?;
+            if socket_fd.is_none() {
+                // Like a hand-over recorded before its write: it votes, and times the write
+                // if its socket is elected for the fd.
+                self.remember_voted(u.fd, h.socket, u.ns, h.ns, u.keep, u.at_send);
+                self.vote(u.fd, h.socket);
+                return None;
+            }
             return Some(LateMatch {
                 write_ns: u.ns,
                 handed_ns: h.ns,
@@ -164,19 +178,11 @@ impl SendProbe {
         let Some(&socket) = self.socket_of_fd.get(&fd) else {
             // Not known yet: the latest hand-over is the likeliest to be this write's; it goes,
             // so that the socket's queue is in step with its writes once the socket is known,
-            // and times the write if its socket is the one elected.
-            if let Some(p) = latest.and_then(|i| self.pending.remove(i)) {
-                if self.voted.len() == MAX_UNMATCHED {
-                    self.voted.pop_front();
-                }
-                self.voted.push_back(Voted {
-                    fd,
-                    socket: p.socket,
-                    write_ns: ns,
-                    handed_ns: p.return_ns,
-                    keep,
-                    at_send: false,
-                });
+            // and times the write if its socket is the one elected. With none (its record may
+            // come after the write), the write waits for one.
+            match latest.and_then(|i| self.pending.remove(i)) {
+                Some(p) => self.remember_voted(fd, p.socket, ns, p.return_ns, keep, false),
+                None => self.wait_for_hand_over(fd, ns, size, keep),
             }
             return None;
         };
@@ -185,16 +191,7 @@ impl SendProbe {
             .iter()
             .position(|p| p.socket == socket && fits(p))
         else {
-            if self.unmatched.len() == MAX_UNMATCHED {
-                self.unmatched.pop_front();
-            }
-            self.unmatched.push_back(Unmatched {
-                fd,
-                ns,
-                size,
-                keep,
-                at_send: false,
-            });
+            self.wait_for_hand_over(fd, ns, size, keep);
             return None;
         };
         // Its return is the instant (the send's, as the engines stamp it after the call).
@@ -206,6 +203,41 @@ impl SendProbe {
             !(p.socket == socket && index <= at + 1)
         });
         Some(handed)
+    }
+
+    fn wait_for_hand_over(&mut self, fd: u32, ns: u64, size: usize, keep: bool) {
+        if self.unmatched.len() == MAX_UNMATCHED {
+            self.unmatched.pop_front();
+        }
+        self.unmatched.push_back(Unmatched {
+            fd,
+            ns,
+            size,
+            keep,
+            at_send: false,
+        });
+    }
+
+    fn remember_voted(
+        &mut self,
+        fd: u32,
+        socket: u64,
+        write_ns: u64,
+        handed_ns: u64,
+        keep: bool,
+        at_send: bool,
+    ) {
+        if self.voted.len() == MAX_UNMATCHED {
+            self.voted.pop_front();
+        }
+        self.voted.push_back(Voted {
+            fd,
+            socket,
+            write_ns,
+            handed_ns,
+            keep,
+            at_send,
+        });
     }
 
     fn vote(&mut self, fd: u32, socket: u64) {
@@ -343,6 +375,30 @@ mod tests {
         // It is not left pending for the next write.
         p.handed_over(&handover(20 * MS, TO_SCHEDULER));
         assert_eq!(p.written(9, 20 * MS + 10 * US, SIZE, true), Some(20 * MS));
+    }
+
+    #[test]
+    fn a_hand_over_recorded_after_its_write_before_the_socket_is_known_still_votes() {
+        let mut p = SendProbe::default();
+        // The first send after attach: its write began inside the call, whose record came after.
+        assert_eq!(p.written(9, MS, SIZE, true), None);
+        p.timed_at_send(MS, false);
+        assert_eq!(p.handed_over(&sized(MS + 2 * US, TO_SCHEDULER, SIZE)), None);
+        // Two quiet sends elect the socket: the first write is timed by its own hand-over.
+        for i in 1..=2 {
+            let at = i * 10 * MS;
+            p.handed_over(&handover(at, TO_SCHEDULER));
+            p.written(9, at + 30 * US, SIZE, true);
+        }
+        let elected: Vec<(u64, u64)> = p
+            .take_elected()
+            .iter()
+            .map(|m| (m.write_ns, m.handed_ns))
+            .collect();
+        assert_eq!(
+            elected,
+            vec![(MS, MS + 2 * US), (10 * MS + 30 * US, 10 * MS)]
+        );
     }
 
     #[test]
