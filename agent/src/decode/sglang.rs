@@ -89,6 +89,19 @@ pub struct TraceContext {
     pub traceparent: Option<String>,
     /// Wall clock (ns) when SGLang's request span started.
     pub start_time_ns: Option<u64>,
+    /// The `time.time() - time.perf_counter()` (s) main made that wall time with: its
+    /// `diff_realtime_monotonic`, sent with the request, calibrated when SGLang last did.
+    pub realtime_minus_monotonic_s: Option<f64>,
+}
+
+impl TraceContext {
+    /// When SGLang's request span started on CLOCK_MONOTONIC (its `perf_counter`): the wall
+    /// time less the offset main made it with. None without both.
+    pub fn monotonic_start_ns(&self) -> Option<u64> {
+        let wall = i128::from(self.start_time_ns?);
+        let offset = (self.realtime_minus_monotonic_s? * 1e9).round() as i128;
+        u64::try_from(wall - offset).ok()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -601,6 +614,9 @@ fn trace_context(time_stats: &PyValue) -> Option<TraceContext> {
             .get("root_span_context")
             .and_then(|c| str_field(c, "traceparent")),
         start_time_ns: ctx.get("start_time_ns").and_then(count),
+        realtime_minus_monotonic_s: state
+            .get("diff_realtime_monotonic")
+            .and_then(PyValue::as_f64),
     })
 }
 

@@ -19,7 +19,8 @@
 //!
 //! Which instant each edge is (docs/accuracy.md has the measured differences):
 //! - created (request and Tokenizer start): SGLang's own `trace_ctx.start_time_ns` when its
-//!   tracing is on, else the last byte of the HTTP request body, else the request's send.
+//!   tracing is on (its monotonic value, with the offset main sends, converted like the
+//!   captured instants), else the last byte of the HTTP request body, else the request's send.
 //! - dispatch start (`tokenize` end, `api_server_dispatch` start): main's entry into
 //!   `pickle.dumps` for the request (`engines::dispatch_start`). Without it (no probe, or a
 //!   recording made before it) the one `tokenize` span covers both and says so
@@ -204,10 +205,17 @@ pub struct Instants {
 
 pub fn instants(t: &SglangTimeline, api: Option<&ApiExchange>, clock: &Clock) -> Instants {
     let dispatched = clock.unix_ns(t.sent_ns);
+    // SGLang's own start, turned into wall time like every other instant: from its monotonic
+    // value, so that a wall clock stepped since main last calibrated its offset does not enter
+    // the latencies (SGLang's own are monotonic differences); its wall stamp without the offset.
     let created = t
         .trace
         .as_ref()
-        .and_then(|c| c.start_time_ns)
+        .and_then(|c| {
+            c.monotonic_start_ns()
+                .map(|ns| clock.unix_ns(ns))
+                .or(c.start_time_ns)
+        })
         .or_else(|| api.map(|a| clock.unix_ns(a.request_last_ns)))
         .unwrap_or(dispatched);
     let first_output = t.first_output_ns.map(|n| clock.unix_ns(n));
@@ -872,6 +880,36 @@ mod tests {
             finished_ns: Some(131 * MS),
             ..SglangTimeline::default()
         }
+    }
+
+    #[test]
+    fn sglangs_start_is_its_monotonic_value_turned_into_wall_time_like_the_captured_instants() {
+        use crate::decode::sglang::TraceContext;
+        const MS: u64 = 1_000_000;
+        // The wall clock is now 1 s ahead of CLOCK_MONOTONIC; main made its stamp (at 90 ms
+        // monotonic) with the 0.5 s it had calibrated before the clock was stepped.
+        let clock = Clock::fixed(i128::from(1_000 * MS));
+        let with = |trace: TraceContext| SglangTimeline {
+            trace: Some(trace),
+            ..streamed_three_outputs()
+        };
+        let at = instants(
+            &with(TraceContext {
+                start_time_ns: Some(590 * MS),
+                realtime_minus_monotonic_s: Some(0.5),
+                ..TraceContext::default()
+            }),
+            None,
+            &clock,
+        );
+        // e2e 41 ms, as SGLang's own perf_counter difference, not 541 ms.
+        assert_eq!((at.created, at.finished), (1_090 * MS, Some(1_131 * MS)));
+        // Without the offset (an SGLang that does not send it), the wall stamp stands.
+        let wall_only = TraceContext {
+            start_time_ns: Some(590 * MS),
+            ..TraceContext::default()
+        };
+        assert_eq!(instants(&with(wall_only), None, &clock).created, 590 * MS);
     }
 
     #[test]
