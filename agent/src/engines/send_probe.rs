@@ -122,15 +122,13 @@ impl SendProbe {
                 was_at_send: u.at_send,
             });
         }
-        if self.pending.len() == MAX_PENDING {
-            self.pending.pop_front();
-        }
-        self.pending.push_back(Pending {
+        let hand_over = Pending {
             enter_ns: h.enter_ns,
             return_ns: h.ns,
             socket: h.socket,
             size: h.size,
-        });
+        };
+        push_bounded(&mut self.pending, MAX_PENDING, hand_over);
         None
     }
 
@@ -206,16 +204,14 @@ impl SendProbe {
     }
 
     fn wait_for_hand_over(&mut self, fd: u32, ns: u64, size: usize, keep: bool) {
-        if self.unmatched.len() == MAX_UNMATCHED {
-            self.unmatched.pop_front();
-        }
-        self.unmatched.push_back(Unmatched {
+        let write = Unmatched {
             fd,
             ns,
             size,
             keep,
             at_send: false,
-        });
+        };
+        push_bounded(&mut self.unmatched, MAX_UNMATCHED, write);
     }
 
     fn remember_voted(
@@ -227,17 +223,15 @@ impl SendProbe {
         keep: bool,
         at_send: bool,
     ) {
-        if self.voted.len() == MAX_UNMATCHED {
-            self.voted.pop_front();
-        }
-        self.voted.push_back(Voted {
+        let write = Voted {
             fd,
             socket,
             write_ns,
             handed_ns,
             keep,
             at_send,
-        });
+        };
+        push_bounded(&mut self.voted, MAX_UNMATCHED, write);
     }
 
     fn vote(&mut self, fd: u32, socket: u64) {
@@ -261,6 +255,14 @@ impl SendProbe {
                 );
         }
     }
+}
+
+/// Appends `item`, the oldest going first when `queue` holds `limit` already.
+fn push_bounded<T>(queue: &mut VecDeque<T>, limit: usize, item: T) {
+    if queue.len() == limit {
+        queue.pop_front();
+    }
+    queue.push_back(item);
 }
 
 #[cfg(test)]
