@@ -14,6 +14,7 @@ use infertrace::{
     capture::{cuda_watch::CudaOptions, kernel::KernelOptions, python_watch::PythonOptions},
     discover::engine::{self, Engine},
     doctor,
+    engines::{sglang::metrics as sglang_metrics, vllm::metrics as vllm_metrics},
     export::{
         Exporter,
         console::{Console, ConsoleExporter},
@@ -26,7 +27,7 @@ use infertrace::{
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
         metrics::{MetricDef, Registry},
-        python_samples, sglang_metrics, vllm_metrics,
+        python_samples,
     },
 };
 
@@ -499,7 +500,7 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<Pipeline>
 }
 
 /// What the summary says of SGLang's DP controller, when requests passed through one.
-fn dp_controller_results(g: &infertrace::engines::sglang::SglangStats) -> String {
+fn dp_controller_results(g: &infertrace::engines::sglang::tracker::SglangStats) -> String {
     let passed = g.dpc_dispatch_starts + g.dpc_dispatch_starts_unknown;
     if passed == 0 {
         return String::new();

@@ -3,17 +3,21 @@ use std::sync::{Arc, Mutex};
 
 use crate::{
     capture::KernelCounters,
-    decode::{
-        flows::{Decoded, FlowStats},
-        vllm::{SCHEMAS, VllmDecoder, schema_for_version},
-    },
+    decode::flows::{Decoded, FlowStats},
     discover::engine::Engine,
     engines::{
-        gpu::GpuTimeline,
-        handoff::HandoffStats,
-        iteration_work::IterationWork,
-        sglang::{SglangStats, SglangTrace, SglangTracker},
-        vllm::{TrackerStats, VllmEvent, VllmTracker},
+        common::{gpu::GpuTimeline, handoff::HandoffStats, iteration_work::IterationWork},
+        sglang::{
+            metrics::{self as sglang_metrics, SglangMetrics},
+            spans as sglang_spans,
+            tracker::{SglangStats, SglangTrace, SglangTracker},
+        },
+        vllm::{
+            metrics::VllmMetrics,
+            spans as vllm_spans,
+            tracker::{TrackerStats, VllmEvent, VllmTracker},
+            wire::{SCHEMAS, VllmDecoder, schema_for_version},
+        },
     },
     export::Exporter,
     telemetry::{
@@ -21,11 +25,7 @@ use crate::{
         metrics::Registry,
         profile::Profile,
         python_samples,
-        sglang_metrics::{self, SglangMetrics},
-        sglang_spans,
         span::{IdGenerator, Span},
-        vllm_metrics::VllmMetrics,
-        vllm_spans,
     },
 };
 

@@ -3,7 +3,7 @@
 //! return a message, an error or "not SGLang", and never panic.
 #![no_main]
 
-use infertrace::decode::sglang::SglangDecoder;
+use infertrace::engines::sglang::wire::SglangDecoder;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! or a retraction. It must return a report or nothing, and never panic.
 #![no_main]
 
-use infertrace::decode::sglang_log::{LineSplitter, parse};
+use infertrace::{decode::lines::LineSplitter, engines::sglang::log::parse};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

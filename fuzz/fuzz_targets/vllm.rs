@@ -7,7 +7,7 @@
 //! before the frames for `input` (types 6 and 7 are not vLLM's).
 #![no_main]
 
-use infertrace::decode::vllm::{InputMessage, SCHEMAS, VllmDecoder};
+use infertrace::engines::vllm::wire::{InputMessage, SCHEMAS, VllmDecoder};
 use libfuzzer_sys::fuzz_target;
 
 fn split(mut rest: &[u8]) -> Vec<Vec<u8>> {

@@ -177,7 +177,7 @@ pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Child {
 pub fn attach_with(pid: &str, ours: &Path, prom_port: u16, extra: &[&str]) -> Child {
     // Why a request's SGLang loop view was left out, should a test fail on it.
     let log = std::env::var("INFERTRACE_LOG")
-        .unwrap_or_else(|_| "info,infertrace::engines::scheduler_loop=debug".into());
+        .unwrap_or_else(|_| "info,infertrace::engines::sglang::scheduler_loop=debug".into());
     let agent = Command::new(infertrace_bin())
         .env("INFERTRACE_LOG", log)
         .args([

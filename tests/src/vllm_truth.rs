@@ -4,7 +4,7 @@
 //! vLLM's `/metrics` before and after.
 use std::{collections::HashMap, fmt::Write as _, path::Path};
 
-use infertrace::engines::join::ids_match;
+use infertrace::engines::common::join::ids_match;
 use serde_json::Value;
 
 /// Engine-clock latencies must agree to this (seconds): both sides subtract the same engine

@@ -16,7 +16,7 @@ use std::{
 use infertrace::{
     capture::{cuda_watch::CudaOptions, kernel::KernelOptions},
     decode::flows::Decoded,
-    engines::gpu::{GpuStep, GpuTimeline},
+    engines::common::gpu::{GpuStep, GpuTimeline},
 };
 use infertrace_common::cuda_fn;
 use infertrace_tests::{Script, Tracer, cuda, live::temp_dir};

@@ -9,7 +9,7 @@
 //! Needs root (eBPF) and the network to PyPI the first time. `VLLM_HOME` picks the install.
 use std::{path::Path, time::Duration};
 
-use infertrace::engines::join::ids_match;
+use infertrace::engines::common::join::ids_match;
 use infertrace_tests::{
     live::{
         self, Cleanup, EngineKind, attach, free_port, get, otlp_receiver, post, profile_of,

@@ -5,12 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use infertrace::{
-    decode::{
-        flows::Decoded,
-        pickle::loads,
-        sglang::{OutputStage, RidOutput, SglangDecoder, SglangMessage, SglangRequest},
-    },
+    decode::{flows::Decoded, pickle::loads},
     discover::engine::Engine,
+    engines::sglang::wire::{OutputStage, RidOutput, SglangDecoder, SglangMessage, SglangRequest},
     export::jsonl::Jsonl,
     pipeline::{Pipeline, PipelineOptions},
     session,

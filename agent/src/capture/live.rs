@@ -304,7 +304,7 @@ fn decoded_kind(kind: FdKind, fd: u32, process: Option<&(Engine, Role)>) -> FdKi
 const STANDARD_OUTPUTS: [u32; 2] = [1, 2];
 
 /// What the kernel does with an fd of that kind: an SGLang scheduler's mailboxes have their
-/// polls reported too (its loop's iterations: `engines::scheduler_loop`); nobody else's are
+/// polls reported too (its loop's iterations: `engines::sglang::scheduler_loop`); nobody else's are
 /// (an asyncio loop checks its sockets' mailboxes thousands of times a second).
 fn fd_decision(kind: &FdKind, process: Option<&(Engine, Role)>) -> u8 {
     match kind {

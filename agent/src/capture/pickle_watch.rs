@@ -1,6 +1,6 @@
 //! CPython's pickle accelerator as a probed library (capture/library_watch.rs): `pickle.dumps`
 //! in SGLang's main processes and data-parallel controllers only, whose entries time the start
-//! of each request's dispatch (engines/dispatch_start.rs): `api_server_dispatch` and
+//! of each request's dispatch (engines/sglang/dispatch_start.rs): `api_server_dispatch` and
 //! `dpc_dispatch`.
 use std::path::{Path, PathBuf};
 

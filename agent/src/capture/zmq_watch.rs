@@ -1,5 +1,5 @@
 //! libzmq as a probed library (capture/library_watch.rs): `zmq_msg_send` in traced processes,
-//! whose returns time the application's hand-over of each message (engines/send_probe.rs).
+//! whose returns time the application's hand-over of each message (engines/common/send_probe.rs).
 use std::path::{Path, PathBuf};
 
 use super::{

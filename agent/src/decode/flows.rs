@@ -12,8 +12,8 @@ use infertrace_common::{IoRecord, direction, io_flags};
 use super::{
     cuda::{CudaDecoder, CudaEvent},
     http::{HttpConnection, HttpExchange},
+    lines::LineSplitter,
     python::{PySample, PythonSamples},
-    sglang_log::LineSplitter,
     zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
 };
 use crate::capture::{CaptureEvent, ProcessInfo, Record};
@@ -136,7 +136,7 @@ pub struct Handover {
 }
 
 /// A thread entered CPython's `pickle.dumps`: it began serializing something, in SGLang's
-/// main process a message it is about to send (engines/dispatch_start.rs).
+/// main process a message it is about to send (engines/sglang/dispatch_start.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Serializing {
     pub tgid: u32,

@@ -6,11 +6,9 @@
 pub mod cuda;
 pub mod flows;
 pub mod http;
+pub mod lines;
 pub mod openai;
 pub mod pickle;
 pub mod python;
-pub mod sglang;
-pub mod sglang_log;
 pub mod sse;
-pub mod vllm;
 pub mod zmtp;

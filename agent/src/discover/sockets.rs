@@ -4,8 +4,8 @@
 //! its payloads are worth copying: TCP sockets (the HTTP listener's connections, ZeroMQ tcp://)
 //! and unix stream sockets (ZeroMQ ipc://). The eventfds of an API server are watched too: they
 //! are libzmq's mailboxes, and reading one is the moment the event loop takes over a message its
-//! I/O thread received (see `engines::handoff`). An SGLang scheduler's stdout and stderr are read
-//! for its statistics reports (`decode::sglang_log`). Pipes, other eventfds, files and other
+//! I/O thread received (see `engines::common::handoff`). An SGLang scheduler's stdout and stderr are read
+//! for its statistics reports (`engines::sglang::log`). Pipes, other eventfds, files and other
 //! sockets are ignored in the kernel from then on.
 use std::{
     collections::HashMap,

@@ -6,7 +6,9 @@ use super::metrics::{Kind, MetricDef, Registry};
 use crate::{
     capture::KernelCounters,
     decode::flows::FlowStats,
-    engines::{handoff::HandoffStats, sglang::SglangStats, vllm::TrackerStats},
+    engines::{
+        common::handoff::HandoffStats, sglang::tracker::SglangStats, vllm::tracker::TrackerStats,
+    },
 };
 
 const fn counter(name: &'static str, description: &'static str) -> MetricDef {

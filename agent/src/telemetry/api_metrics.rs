@@ -1,6 +1,6 @@
 //! Metrics of the API layer, the same for every engine: `genai_llm_usage_tokens` per call.
 use super::metrics::{Kind, MetricDef, Registry};
-use crate::engines::join::{ApiExchange, EngineSide};
+use crate::engines::common::join::{ApiExchange, EngineSide};
 
 pub const USAGE_TOKENS: MetricDef = MetricDef {
     name: "genai_llm_usage_tokens",

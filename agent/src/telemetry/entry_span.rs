@@ -4,7 +4,7 @@ use super::{
     Clock, SpanOptions,
     span::{AttrValue, Attributes, IdGenerator, Span, parse_traceparent},
 };
-use crate::engines::join::{ApiExchange, EngineSide};
+use crate::engines::common::join::{ApiExchange, EngineSide};
 
 pub fn entry_span(
     api: &ApiExchange,

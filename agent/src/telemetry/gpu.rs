@@ -12,7 +12,7 @@ use super::{
     metrics::{Kind, MetricDef, Registry},
     span::Attributes,
 };
-use crate::engines::{
+use crate::engines::common::{
     gpu::{GpuStep, KernelLaunches},
     iteration_work::IterationLaunches,
 };

@@ -8,11 +8,7 @@ pub mod gpu;
 pub mod metrics;
 pub mod profile;
 pub mod python_samples;
-pub mod sglang_metrics;
-pub mod sglang_spans;
 pub mod span;
-pub mod vllm_metrics;
-pub mod vllm_spans;
 
 pub use clock::Clock;
 

@@ -6,7 +6,7 @@ use std::{
     fmt::Write as _,
 };
 
-use crate::engines::well_known::{Phase, SampleKind, thread_role};
+use crate::engines::common::well_known::{Phase, SampleKind, thread_role};
 use crate::{decode::python::PySample, discover::python::CodeName};
 
 /// Distinct stacks kept per thread; samples of further stacks are counted under one line.
@@ -18,7 +18,7 @@ const MAX_THREADS: usize = 4096;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ThreadProfile {
     pub name: String,
-    /// What the thread is, when the well-known names tell (engines/well_known.rs).
+    /// What the thread is, when the well-known names tell (engines/common/well_known.rs).
     pub role: Option<&'static str>,
     pub samples: u64,
     /// Samples with no Python frames (a native thread, or between frames).
@@ -27,7 +27,7 @@ pub struct ThreadProfile {
     pub cut: u64,
     /// Folded stack (outermost frame first, `;`-separated) -> samples.
     pub stacks: HashMap<String, u64>,
-    /// Samples per engine phase (engines/well_known.rs); the rest are `other` or `native`.
+    /// Samples per engine phase (engines/common/well_known.rs); the rest are `other` or `native`.
     pub phases: BTreeMap<Phase, u64>,
 }
 

@@ -1,12 +1,12 @@
 //! The Python samples metric: samples of traced threads by process, thread name and engine
-//! phase (engines/well_known.rs).
+//! phase (engines/common/well_known.rs).
 use super::{
     metrics::{Kind, MetricDef, Registry},
     span::Attributes,
 };
 use crate::{
     decode::python::PySample,
-    engines::{iteration_work::IterationSamples, well_known::SampleKind},
+    engines::common::{iteration_work::IterationSamples, well_known::SampleKind},
 };
 
 pub const PYTHON_SAMPLES: MetricDef = MetricDef {
@@ -45,7 +45,7 @@ pub fn iteration_attributes(a: &mut Attributes, samples: &IterationSamples) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engines::well_known::stack;
+    use crate::engines::common::well_known::stack;
 
     #[test]
     fn samples_are_counted_by_thread_and_phase() {

@@ -16,7 +16,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use rmpv::Value;
 
-use super::pickle::{self, PickleError, PyValue};
+use crate::decode::pickle::{self, PickleError, PyValue};
 
 /// Deepest msgpack nesting accepted.
 const MAX_DEPTH: usize = 64;

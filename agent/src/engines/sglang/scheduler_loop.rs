@@ -25,8 +25,8 @@
 //! placed and the request is counted as such.
 use std::collections::{HashMap, VecDeque};
 
-use super::handoff::elected;
 use crate::decode::flows::MailboxPoll;
+use crate::engines::common::votes::elected;
 
 /// Iterations kept per scheduler, the oldest going first (minutes at hundreds a second): a
 /// request older than that has its steps counted as not placed.

@@ -1,7 +1,7 @@
 //! Which request an SGLang retraction rolled back, and when.
 //!
 //! The scheduler logs each retraction (one line per call, however many requests it rolled
-//! back: `decode::sglang_log`), and its outputs carry each request's retraction count, but no
+//! back: `engines::sglang::log`), and its outputs carry each request's retraction count, but no
 //! message names the requests of a given retraction. A request whose count rose by `k`
 //! between two of its outputs was retracted `k` times in between, at most once per call: when
 //! exactly `k` of its scheduler's retraction lines lie in that window, those are its

@@ -8,21 +8,21 @@
 //! The scheduler's snapshot counters (`sglang_num_running_reqs`, `sglang_num_queue_reqs`,
 //! `sglang_num_used_tokens`, `sglang_token_usage`, `sglang_gen_throughput`,
 //! `sglang_spec_accept_length`) add up the values of each statistics report the scheduler
-//! wrote to its log (`decode::sglang_log`: its decode report, every `--decode-log-interval`
+//! wrote to its log (`engines::sglang::log`: its decode report, every `--decode-log-interval`
 //! decode batches), and `sglang_log_count` counts those reports, so that a snapshot's average
 //! over a period is its increase divided by `sglang_log_count`'s. A field a report does not
 //! carry is not added (`#token` and `token usage` of hybrid-pool models, `accept len` without
 //! speculative decoding), and `gen_ai_sglang_cache_hit_rate` is not produced: SGLang prints no
 //! hit rate, and computing one from the prefill lines would not be the scheduler's figure.
 use super::{
+    log::DecodeStats,
+    spans::{engine_side, instants},
+    tracker::{SglangTimeline, SglangTrace},
+};
+use crate::telemetry::{
     Clock,
     api_metrics::{USAGE_TOKENS, api_usage},
     metrics::{Dimensions, Kind, MetricDef, Registry},
-    sglang_spans::{engine_side, instants},
-};
-use crate::{
-    decode::sglang_log::DecodeStats,
-    engines::sglang::{SglangTimeline, SglangTrace},
 };
 
 const fn counter(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
@@ -230,7 +230,7 @@ impl SglangMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{decode::sglang::SglangFinish, engines::join::Outcome};
+    use crate::{engines::common::join::Outcome, engines::sglang::wire::SglangFinish};
 
     const MS: u64 = 1_000_000;
     /// Monotonic ns of 1000 s + `ms`.

@@ -12,17 +12,15 @@
 //! transfer happens inside the KV connector, which sends no message that infertrace sees, and a
 //! duration that is not measured is left out.
 use super::{
+    tracker::{EngineTimeline, RequestTrace, StepKind, engine_side},
+    wire::PdRole,
+};
+use crate::engines::common::join::ApiExchange;
+use crate::telemetry::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
     gpu, python_samples,
     span::{AttrValue, Attributes, IdGenerator, Span, SpanEvent, parse_traceparent},
-};
-use crate::{
-    decode::vllm::PdRole,
-    engines::{
-        join::ApiExchange,
-        vllm::{EngineTimeline, RequestTrace, StepKind, engine_side},
-    },
 };
 
 /// Seconds to whole nanoseconds.
@@ -324,11 +322,11 @@ mod tests {
     }
 
     use crate::{
-        decode::{
-            openai::{ApiCall, Operation, Usage},
-            vllm::{FinishReason, Sampling},
+        decode::openai::{ApiCall, Operation, Usage},
+        engines::vllm::{
+            tracker::RequestStep,
+            wire::{FinishReason, Sampling},
         },
-        engines::vllm::RequestStep,
     };
 
     /// CLOCK_REALTIME - CLOCK_MONOTONIC.
@@ -579,7 +577,7 @@ mod tests {
 
     #[test]
     fn an_iteration_says_what_it_launched_and_where_the_engine_was_sampled() {
-        use crate::engines::{
+        use crate::engines::common::{
             iteration_work::{IterationLaunches, IterationSamples},
             well_known::{Phase, SampleKind},
         };

@@ -23,20 +23,20 @@ use std::collections::{HashMap, HashSet};
 
 use super::{
     dispatch_start::DispatchStarts,
+    log::{self as sglang_log, DecodeStats, SchedulerLog},
+    retractions::RetractionLog,
+    scheduler_loop::{LoopView, RequestSteps, SchedulerLoops, StatsLine},
+    wire::{
+        OutputStage, RidOutput, SchedulerTimes, SglangDecoder, SglangFinish, SglangMessage,
+        SglangRequest, SglangSampling, TraceContext,
+    },
+};
+use crate::decode::flows::Decoded;
+use crate::engines::common::{
     handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
     iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
-    retractions::RetractionLog,
-    scheduler_loop::{LoopView, RequestSteps, SchedulerLoops, StatsLine},
-};
-use crate::decode::{
-    flows::Decoded,
-    sglang::{
-        OutputStage, RidOutput, SchedulerTimes, SglangDecoder, SglangFinish, SglangMessage,
-        SglangRequest, SglangSampling, TraceContext,
-    },
-    sglang_log::{self, DecodeStats, SchedulerLog},
 };
 
 /// Requests followed at once; beyond it the oldest is dropped and counted.
@@ -1024,10 +1024,8 @@ mod tests {
 
     #[test]
     fn a_retraction_is_put_on_the_request_whose_count_rose() {
-        use crate::decode::{
-            flows::LogLine,
-            sglang::{OutputStage, SglangOutputs},
-        };
+        use crate::decode::flows::LogLine;
+        use crate::engines::sglang::wire::{OutputStage, SglangOutputs};
         let mut tracker = SglangTracker::default();
         let request = SglangMessage::Request(Box::new(SglangRequest {
             rid: "r1".into(),

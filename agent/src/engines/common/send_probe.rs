@@ -16,7 +16,7 @@
 //! whose dispatch the I/O thread can write milliseconds after main handed it over).
 use std::collections::{HashMap, VecDeque};
 
-use super::handoff::elected;
+use super::votes::elected;
 use crate::decode::flows::Handover;
 
 /// Votes an (fd, socket) pair needs before the socket is taken for the fd's writer.

@@ -8,18 +8,16 @@
 //! timestamps; `arrival_time` is the frontend's wall clock.
 use std::collections::HashMap;
 
-use super::{
+use super::wire::{
+    EngineOutputs, EngineRequest, EventKind, FinishReason, InputMessage, PdRole, RequestOutput,
+    Sampling, SchedulerStats, VllmDecoder,
+};
+use crate::decode::flows::Decoded;
+use crate::engines::common::{
     handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
     iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, EngineSide, Joiner, Outcome},
-};
-use crate::decode::{
-    flows::Decoded,
-    vllm::{
-        EngineOutputs, EngineRequest, EventKind, FinishReason, InputMessage, PdRole, RequestOutput,
-        Sampling, SchedulerStats, VllmDecoder,
-    },
 };
 
 /// Requests followed at once; beyond it the oldest is dropped and counted.
@@ -414,7 +412,7 @@ impl VllmTracker {
         }
     }
 
-    fn undecodable(&mut self, error: &crate::decode::vllm::VllmError) {
+    fn undecodable(&mut self, error: &crate::engines::vllm::wire::VllmError) {
         self.stats.undecodable += 1;
         tracing::debug!("undecodable vLLM message: {error}");
     }
@@ -547,10 +545,10 @@ mod tests {
     use super::*;
     use crate::decode::{
         http::{HttpExchange, HttpRequest, HttpResponse},
-        vllm::SCHEMAS,
         zmtp::ZmtpMessage,
     };
-    use crate::engines::join::{ABANDONED_GRACE_NS, GRACE_NS};
+    use crate::engines::common::join::{ABANDONED_GRACE_NS, GRACE_NS};
+    use crate::engines::vllm::wire::SCHEMAS;
 
     const MS: u64 = 1_000_000;
     /// Capture time (CLOCK_MONOTONIC ns) around which the tests happen: 1000 s.
@@ -1001,7 +999,7 @@ mod tests {
                 num_running_reqs: n_running,
                 num_waiting_reqs: n_waiting,
                 kv_cache_usage: usage,
-                prefix_cache: Some(crate::decode::vllm::PrefixCacheStats {
+                prefix_cache: Some(crate::engines::vllm::wire::PrefixCacheStats {
                     reset: false,
                     requests: 1,
                     queries: 16,

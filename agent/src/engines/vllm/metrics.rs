@@ -3,12 +3,12 @@
 //! equal vLLM's `/metrics`: tokens are counted per engine step as the frontend receives them,
 //! requests when the engine reports them finished (a request the frontend aborted is not a
 //! finished request for vLLM either).
-use super::{
+use super::tracker::{EngineTimeline, RequestTrace, StepReport, engine_side};
+use crate::telemetry::{
     Clock,
     api_metrics::{USAGE_TOKENS, api_usage},
     metrics::{Dimensions, Kind, MetricDef, Registry},
 };
-use crate::engines::vllm::{EngineTimeline, RequestTrace, StepReport, engine_side};
 
 const fn counter(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
     MetricDef {
@@ -253,11 +253,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        decode::{
-            openai::{ApiCall, Operation, Usage},
-            vllm::{FinishReason, PdRole, PrefixCacheStats, Sampling, SchedulerStats},
-        },
-        engines::join::ApiExchange,
+        decode::openai::{ApiCall, Operation, Usage},
+        engines::common::join::ApiExchange,
+        engines::vllm::wire::{FinishReason, PdRole, PrefixCacheStats, Sampling, SchedulerStats},
         telemetry::metrics::Sample,
     };
 

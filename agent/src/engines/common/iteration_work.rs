@@ -1,7 +1,7 @@
 //! What each engine iteration did besides what its messages say: the CUDA steps
-//! (engines/gpu.rs) of the engine's processes that ended between the engine's previous
+//! (engines/common/gpu.rs) of the engine's processes that ended between the engine's previous
 //! iteration and this one, and the Python stack samples of the engine's threads in that window
-//! by engine phase (engines/well_known.rs).
+//! by engine phase (engines/common/well_known.rs).
 //!
 //! vLLM stamps an iteration's outputs (`EngineCoreOutputs.timestamp`, CLOCK_MONOTONIC, the
 //! clock of the kernel's timestamps too) after the model ran and its sampled tokens were copied
@@ -18,11 +18,11 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::well_known::SampleKind;
-use super::{
-    sglang::SglangTrace,
-    vllm::{RequestTrace, StepKind},
-};
 use crate::decode::cuda::CudaStep;
+use crate::engines::{
+    sglang::tracker::SglangTrace,
+    vllm::tracker::{RequestTrace, StepKind},
+};
 
 /// Recent iterations, GPU steps and Python samples kept for the join (a request's iterations
 /// are looked up when it finishes, so this bounds how long a request can be and keep its
@@ -291,7 +291,7 @@ mod tests {
     use infertrace_common::cuda_fn;
 
     use super::*;
-    use crate::engines::well_known::Phase;
+    use crate::engines::common::well_known::Phase;
 
     /// The API server's process, which receives the iterations' outputs.
     const FRONTEND: u32 = 7;

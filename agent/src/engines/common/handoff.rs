@@ -39,12 +39,12 @@
 //! thread then waited for a CPU. A message sent with neither keeps its send time (counted): the
 //! I/O thread was awake already, busy or waiting for a CPU, and the application's send left no
 //! syscall.
-use std::{
-    collections::{HashMap, VecDeque},
-    hash::Hash,
-};
+use std::collections::{HashMap, VecDeque};
 
-use super::send_probe::{LateMatch, SendProbe};
+use super::{
+    send_probe::{LateMatch, SendProbe},
+    votes::elected,
+};
 use crate::decode::flows::{Handover, LoopWait, Wakeup};
 
 /// A write this long after a message is not that message's signal.
@@ -351,21 +351,6 @@ fn vote(votes: &mut HashMap<u32, u32>, mailbox: &mut Option<u32>, fd: u32) {
     if elected(votes, *mailbox, fd, VOTES_NEEDED) {
         *mailbox = Some(fd);
     }
-}
-
-/// One vote for `candidate`: true when it now has at least `needed` votes and more than the
-/// current `winner`.
-pub(super) fn elected<K: Copy + Eq + Hash>(
-    votes: &mut HashMap<K, u32>,
-    winner: Option<K>,
-    candidate: K,
-    needed: u32,
-) -> bool {
-    let count = votes.entry(candidate).or_default();
-    *count += 1;
-    let count = *count;
-    let leader = winner.and_then(|w| votes.get(&w)).copied();
-    count >= needed && leader.is_none_or(|l| count > l)
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@
 //!   tracing is on (its monotonic value, with the offset main sends, converted like the
 //!   captured instants), else the last byte of the HTTP request body, else the request's send.
 //! - dispatch start (`tokenize` end, `api_server_dispatch` start): main's entry into
-//!   `pickle.dumps` for the request (`engines::dispatch_start`). Without it (no probe, or a
+//!   `pickle.dumps` for the request (`engines::sglang::dispatch_start`). Without it (no probe, or a
 //!   recording made before it) the one `tokenize` span covers both and says so
 //!   (`infertrace.includes_dispatch`); no `api_server_dispatch` is invented.
 //! - dispatched (Tokenizer end): main's ZeroMQ send of the request.
@@ -35,7 +35,7 @@
 //!   send of the request's final output, just after SGLang stamps completion.
 //! - decode_loop: one per decode step, ending at the scheduler's send of that step's output
 //!   (streamed requests), else where the scheduler's loop processed that step's result
-//!   (`engines::scheduler_loop`: its mailbox polls and statistics lines).
+//!   (`engines::sglang::scheduler_loop`: its mailbox polls and statistics lines).
 //! - decode_waiting: from the prefill's end to the loop's scheduling of the request's first
 //!   decode batch, when that came later (the loop shows it).
 //! - first token and finish: main's event loop taking the output over (`handoff`); for a
@@ -43,21 +43,19 @@
 //!
 //! Request-span latencies are float seconds (the spec's unit for SGLang). The scheduler's
 //! ranks come from its process title. Each stage links to the one before it, as SGLang's do;
-//! span events: `retract` (placed as engines/retractions.rs says) and `schedule` (each batch the
+//! span events: `retract` (placed as engines/sglang/retractions.rs says) and `schedule` (each batch the
 //! loop shows the request in: infertrace's own batch id, the forward mode, and the batch size
 //! where the scheduler's statistics line for that batch printed it).
 use std::sync::LazyLock;
 
-use super::{
+use super::tracker::{PdRole, Ranks, SglangTimeline, SglangTrace};
+use crate::decode::openai::{ApiCall, Operation};
+use crate::engines::common::join::{ApiExchange, EngineSide};
+use crate::telemetry::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
     gpu, python_samples,
     span::{AttrValue, Attributes, IdGenerator, Span, SpanEvent},
-};
-use crate::decode::openai::{ApiCall, Operation};
-use crate::engines::{
-    join::{ApiExchange, EngineSide},
-    sglang::{PdRole, Ranks, SglangTimeline, SglangTrace},
 };
 
 /// The spans of one SGLang request trace, parents before children.
@@ -821,7 +819,7 @@ mod tests {
 
     #[test]
     fn only_a_request_the_scheduler_ended_itself_is_an_error() {
-        use crate::decode::sglang::SglangFinish;
+        use crate::engines::sglang::wire::SglangFinish;
         let finish = |kind: &str, message: Option<&str>| SglangFinish {
             kind: kind.into(),
             message: message.map(str::to_owned),
@@ -847,7 +845,7 @@ mod tests {
 
     /// The spans of a request trace of `t` alone, at SGLang trace level `level`.
     fn spans_at_level(t: SglangTimeline, level: u8) -> Vec<Span> {
-        let trace = crate::engines::join::Outcome {
+        let trace = crate::engines::common::join::Outcome {
             api: None,
             engine: vec![t],
         };
@@ -884,7 +882,7 @@ mod tests {
 
     #[test]
     fn sglangs_start_is_its_monotonic_value_turned_into_wall_time_like_the_captured_instants() {
-        use crate::decode::sglang::TraceContext;
+        use crate::engines::sglang::wire::TraceContext;
         const MS: u64 = 1_000_000;
         // The wall clock is now 1 s ahead of CLOCK_MONOTONIC; main made its stamp (at 90 ms
         // monotonic) with the 0.5 s it had calibrated before the clock was stepped.
@@ -914,7 +912,7 @@ mod tests {
 
     #[test]
     fn a_decode_loop_the_cuda_probes_saw_says_what_its_batch_launched() {
-        use crate::engines::{iteration_work::IterationLaunches, join::Outcome};
+        use crate::engines::common::{iteration_work::IterationLaunches, join::Outcome};
         const MS: u64 = 1_000_000;
         let launched = IterationLaunches {
             synchronizations: 1,
@@ -964,7 +962,7 @@ mod tests {
 
     #[test]
     fn the_dispatch_start_splits_tokenize_from_api_server_dispatch_as_sglang_does() {
-        use crate::decode::sglang::SglangSampling;
+        use crate::engines::sglang::wire::SglangSampling;
         const MS: u64 = 1_000_000;
         let build = spans_at_level;
         let named = |spans: &[Span], name: &str| {
@@ -983,7 +981,7 @@ mod tests {
         };
         // Created at the send when no HTTP call was seen: the start must lie in between.
         let created_early = |t: SglangTimeline| SglangTimeline {
-            trace: Some(crate::decode::sglang::TraceContext {
+            trace: Some(crate::engines::sglang::wire::TraceContext {
                 start_time_ns: Some(90 * MS),
                 ..Default::default()
             }),
@@ -1048,7 +1046,7 @@ mod tests {
     #[test]
     fn a_request_through_the_dp_controller_has_its_thread_and_dpc_dispatch_between_main_and_the_scheduler()
      {
-        use crate::engines::sglang::{DpControllerHop, Ranks};
+        use crate::engines::sglang::tracker::{DpControllerHop, Ranks};
         const US: u64 = 1_000;
         const MS: u64 = 1_000 * US;
         let hop = DpControllerHop {
@@ -1059,7 +1057,7 @@ mod tests {
         };
         let t = SglangTimeline {
             // Created at 90 ms (SGLang's own stamp), dispatched from 99 ms.
-            trace: Some(crate::decode::sglang::TraceContext {
+            trace: Some(crate::engines::sglang::wire::TraceContext {
                 start_time_ns: Some(90 * MS),
                 ..Default::default()
             }),
@@ -1126,8 +1124,8 @@ mod tests {
 
     #[test]
     fn a_pd_decode_servers_request_is_named_and_staged_as_sglang_does() {
-        use crate::decode::sglang::SchedulerTimes;
-        use crate::engines::sglang::{PdRole, Ranks};
+        use crate::engines::sglang::tracker::{PdRole, Ranks};
+        use crate::engines::sglang::wire::SchedulerTimes;
         const MS: u64 = 1_000_000;
         let secs = |ms: u64| Some(ms as f64 / 1e3);
         let t = SglangTimeline {
