@@ -15,7 +15,7 @@ use crate::{
         vllm::{
             metrics::VllmMetrics,
             spans as vllm_spans,
-            tracker::{TrackerStats, VllmEvent, VllmTracker},
+            tracker::{VllmEvent, VllmStats, VllmTracker},
             wire::{SCHEMAS, VllmDecoder, schema_for_version},
         },
     },
@@ -163,7 +163,7 @@ impl Pipeline {
         );
     }
 
-    pub fn tracker_stats(&self) -> TrackerStats {
+    pub fn tracker_stats(&self) -> VllmStats {
         self.tracker.stats
     }
 

@@ -7,7 +7,7 @@ use crate::{
     capture::KernelCounters,
     decode::flows::FlowStats,
     engines::{
-        common::handoff::HandoffStats, sglang::tracker::SglangStats, vllm::tracker::TrackerStats,
+        common::handoff::HandoffStats, sglang::tracker::SglangStats, vllm::tracker::VllmStats,
     },
 };
 
@@ -177,7 +177,7 @@ pub fn capture(r: &mut Registry, kernel: &KernelCounters, flows: &FlowStats) {
 }
 
 /// Totals of the vLLM tracker.
-pub fn vllm(r: &mut Registry, stats: &TrackerStats, layout_switches: u64) {
+pub fn vllm(r: &mut Registry, stats: &VllmStats, layout_switches: u64) {
     set_totals(
         r,
         &[

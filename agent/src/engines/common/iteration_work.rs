@@ -21,7 +21,7 @@ use super::well_known::SampleKind;
 use crate::decode::cuda::CudaStep;
 use crate::engines::{
     sglang::tracker::SglangTrace,
-    vllm::tracker::{RequestTrace, StepKind},
+    vllm::tracker::{StepKind, VllmTrace},
 };
 
 /// Recent iterations, GPU steps and Python samples kept for the join (a request's iterations
@@ -250,7 +250,7 @@ impl IterationWork {
 
     /// Put on a finished vLLM request's prefill and decode iterations what they launched and
     /// where the engine's Python code was.
-    pub fn annotate(&self, trace: &mut RequestTrace) {
+    pub fn annotate(&self, trace: &mut VllmTrace) {
         for engine in &mut trace.engine {
             for step in &mut engine.steps {
                 if matches!(step.kind, StepKind::Prefill | StepKind::Decode) {

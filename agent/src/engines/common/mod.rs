@@ -6,6 +6,7 @@ pub mod handoff;
 pub mod in_flight;
 pub mod iteration_work;
 pub mod join;
+pub mod pd_role;
 pub mod send_probe;
 pub mod votes;
 pub mod well_known;

@@ -48,9 +48,12 @@
 //! where the scheduler's statistics line for that batch printed it).
 use std::sync::LazyLock;
 
-use super::tracker::{PdRole, Ranks, SglangTimeline, SglangTrace};
+use super::tracker::{Ranks, SglangTimeline, SglangTrace};
 use crate::decode::openai::{ApiCall, Operation};
-use crate::engines::common::join::{ApiExchange, EngineSide};
+use crate::engines::common::{
+    join::{ApiExchange, EngineSide},
+    pd_role::PdRole,
+};
 use crate::telemetry::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
@@ -1124,8 +1127,8 @@ mod tests {
 
     #[test]
     fn a_pd_decode_servers_request_is_named_and_staged_as_sglang_does() {
-        use crate::engines::sglang::tracker::{PdRole, Ranks};
         use crate::engines::sglang::wire::SchedulerTimes;
+        use crate::engines::{common::pd_role::PdRole, sglang::tracker::Ranks};
         const MS: u64 = 1_000_000;
         let secs = |ms: u64| Some(ms as f64 / 1e3);
         let t = SglangTimeline {

@@ -32,6 +32,7 @@ use super::{
     },
 };
 use crate::decode::flows::Decoded;
+use crate::engines::common::pd_role::PdRole;
 use crate::engines::common::{
     handoff::{HandoffStats, Handoffs},
     in_flight::InFlight,
@@ -123,31 +124,6 @@ fn launches_server(cmdline: &[String]) -> bool {
             || ((arg == "sglang" || arg.ends_with("/sglang"))
                 && cmdline.get(i + 1).is_some_and(|a| a == "serve"))
     })
-}
-
-/// A server's part under PD disaggregation (`--disaggregation-mode prefill|decode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PdRole {
-    Prefill,
-    Decode,
-}
-
-impl PdRole {
-    /// As SGLang writes it in its request span's name (`{role} Req …`).
-    pub fn name(self) -> &'static str {
-        match self {
-            PdRole::Prefill => "prefill",
-            PdRole::Decode => "decode",
-        }
-    }
-
-    /// As SGLang prefixes its thread labels (`Decode Scheduler`, `DecodeTokenizer`).
-    pub fn label(self) -> &'static str {
-        match self {
-            PdRole::Prefill => "Prefill",
-            PdRole::Decode => "Decode",
-        }
-    }
 }
 
 /// A scheduler's own `perf_counter()` stamp (CLOCK_MONOTONIC seconds) as a capture time.

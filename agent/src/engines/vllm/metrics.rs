@@ -3,7 +3,7 @@
 //! equal vLLM's `/metrics`: tokens are counted per engine step as the frontend receives them,
 //! requests when the engine reports them finished (a request the frontend aborted is not a
 //! finished request for vLLM either).
-use super::tracker::{EngineTimeline, RequestTrace, StepReport, engine_side};
+use super::tracker::{StepReport, VllmTimeline, VllmTrace, engine_side};
 use crate::telemetry::{
     Clock,
     api_metrics::{USAGE_TOKENS, api_usage},
@@ -191,7 +191,7 @@ impl VllmMetrics {
         }
     }
 
-    pub fn request(&mut self, r: &mut Registry, trace: &RequestTrace, clock: &Clock) {
+    pub fn request(&mut self, r: &mut Registry, trace: &VllmTrace, clock: &Clock) {
         if let Some(api) = &trace.api {
             if self.model_name.is_none() {
                 self.model_name = api.call.model.clone();
@@ -208,7 +208,7 @@ impl VllmMetrics {
         }
     }
 
-    fn finished(&self, r: &mut Registry, t: &EngineTimeline, clock: &Clock) {
+    fn finished(&self, r: &mut Registry, t: &VllmTimeline, clock: &Clock) {
         let Some(reason) = t.finish_reason else {
             return;
         };
@@ -255,7 +255,7 @@ mod tests {
     use crate::{
         decode::openai::{ApiCall, Operation, Usage},
         engines::common::join::ApiExchange,
-        engines::vllm::wire::{FinishReason, PdRole, PrefixCacheStats, Sampling, SchedulerStats},
+        engines::vllm::wire::{FinishReason, PrefixCacheStats, Sampling, SchedulerStats},
         telemetry::metrics::Sample,
     };
 
@@ -279,8 +279,8 @@ mod tests {
         }
     }
 
-    fn timeline(id: &str, reason: FinishReason) -> EngineTimeline {
-        EngineTimeline {
+    fn timeline(id: &str, reason: FinishReason) -> VllmTimeline {
+        VllmTimeline {
             request_id: id.into(),
             external_id: None,
             sampling: Some(Sampling {
@@ -295,7 +295,7 @@ mod tests {
             cached_tokens: Some(0),
             arrival_time: ARRIVAL,
             trace_headers: Vec::new(),
-            pd_role: PdRole::None,
+            pd_role: None,
             add_sent_ns: mono(501),
             queued: Some(1000.5),
             scheduled: Some(1000.5625),
@@ -448,7 +448,7 @@ mod tests {
         let mut m = m;
         m.request(
             &mut r,
-            &RequestTrace {
+            &VllmTrace {
                 api: None,
                 engine: vec![timeline("a", FinishReason::Stop)],
             },
@@ -515,7 +515,7 @@ mod tests {
         };
         m.request(
             &mut r,
-            &RequestTrace {
+            &VllmTrace {
                 api: Some(api(Some(200), usage)),
                 engine: vec![timeline("a", FinishReason::Length)],
             },
@@ -543,7 +543,7 @@ mod tests {
         // No usage in the response (a stream without include_usage): the engine's counts.
         m.request(
             &mut r,
-            &RequestTrace {
+            &VllmTrace {
                 api: Some(api(Some(200), Usage::default())),
                 engine: vec![timeline("b", FinishReason::Stop)],
             },
@@ -561,7 +561,7 @@ mod tests {
         for status in [Some(400), None] {
             m.request(
                 &mut r,
-                &RequestTrace {
+                &VllmTrace {
                     api: Some(api(status, Usage::default())),
                     engine: Vec::new(),
                 },
@@ -575,7 +575,7 @@ mod tests {
         let mut r = Registry::default();
         m.request(
             &mut r,
-            &RequestTrace {
+            &VllmTrace {
                 api: Some(embedding),
                 engine: Vec::new(),
             },
@@ -642,7 +642,7 @@ mod tests {
         let mut m = m;
         m.request(
             &mut r,
-            &RequestTrace {
+            &VllmTrace {
                 api: None,
                 engine: vec![odd],
             },
@@ -662,7 +662,7 @@ mod tests {
         t.sampling.as_mut().expect("sampling").n = 2;
         m.request(
             &mut r,
-            &RequestTrace {
+            &VllmTrace {
                 api: None,
                 engine: vec![t],
             },
@@ -696,7 +696,7 @@ mod tests {
         aborted.aborted_by_frontend = true;
         m.request(
             &mut r,
-            &RequestTrace {
+            &VllmTrace {
                 api: Some(api(None, Usage::default())),
                 engine: vec![aborted],
             },
@@ -706,7 +706,7 @@ mod tests {
         // The engine's own abort (finish_reason 2 on an output) is one.
         m.request(
             &mut r,
-            &RequestTrace {
+            &VllmTrace {
                 api: None,
                 engine: vec![timeline("b", FinishReason::Abort)],
             },
@@ -721,7 +721,7 @@ mod tests {
         unfinished.finish_reason = None;
         m.request(
             &mut r,
-            &RequestTrace {
+            &VllmTrace {
                 api: None,
                 engine: vec![unfinished],
             },

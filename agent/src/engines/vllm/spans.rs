@@ -11,11 +11,8 @@
 //! time). `kv_transfer` spans and `gen_ai.latency.time_in_kv_transfer` are never emitted: the
 //! transfer happens inside the KV connector, which sends no message that infertrace sees, and a
 //! duration that is not measured is left out.
-use super::{
-    tracker::{EngineTimeline, RequestTrace, StepKind, engine_side},
-    wire::PdRole,
-};
-use crate::engines::common::join::ApiExchange;
+use super::tracker::{StepKind, VllmTimeline, VllmTrace, engine_side};
+use crate::engines::common::{join::ApiExchange, pd_role::PdRole};
 use crate::telemetry::{
     Clock, SpanOptions,
     entry_span::{entry_span, push_opt},
@@ -30,7 +27,7 @@ fn ns(seconds: f64) -> i64 {
 
 /// The spans of one request trace, parents before children.
 pub fn spans(
-    trace: &RequestTrace,
+    trace: &VllmTrace,
     options: &SpanOptions,
     clock: &Clock,
     ids: &mut IdGenerator,
@@ -83,7 +80,7 @@ pub fn spans(
 
 #[allow(clippy::too_many_arguments)]
 fn engine_spans(
-    t: &EngineTimeline,
+    t: &VllmTimeline,
     api: Option<&ApiExchange>,
     trace_id: [u8; 16],
     parent: Option<[u8; 8]>,
@@ -103,7 +100,7 @@ fn engine_spans(
         a.push(("gen_ai.request.id", t.request_id.as_str().into()));
         push_opt(a, "gen_ai.request.model_name", model);
         push_opt(a, "gen_ai.engine.index", t.engine_index);
-        a.push(("gen_ai.pd_role", t.pd_role.as_str().into()));
+        a.push(("gen_ai.pd_role", PdRole::kv_role(t.pd_role).into()));
     };
     let mut a: Attributes = Vec::with_capacity(24);
     common(&mut a);
@@ -234,11 +231,11 @@ fn engine_spans(
     }
     if let (Some(first), Some(last)) = (t.first_token, t.last_token) {
         if let Some((_, scheduled)) = events
-            && t.pd_role != PdRole::Consumer
+            && t.pd_role != Some(PdRole::Decode)
         {
             stage("prefill", scheduled, first);
         }
-        if t.pd_role != PdRole::Producer && t.completion_tokens > 1 {
+        if t.pd_role != Some(PdRole::Prefill) && t.completion_tokens > 1 {
             stage("decode", first, last);
         }
     }
@@ -264,7 +261,7 @@ fn detokenize_ns(outputs: &[u64], writes: &[u64]) -> Option<u64> {
     Some(total)
 }
 
-fn iteration_events(t: &EngineTimeline, clock: &Clock) -> Vec<SpanEvent> {
+fn iteration_events(t: &VllmTimeline, clock: &Clock) -> Vec<SpanEvent> {
     t.steps
         .iter()
         .map(|step| {
@@ -360,8 +357,8 @@ mod tests {
         }
     }
 
-    fn timeline() -> EngineTimeline {
-        EngineTimeline {
+    fn timeline() -> VllmTimeline {
+        VllmTimeline {
             request_id: "chatcmpl-X-abcdef12".into(),
             external_id: Some("chatcmpl-X".into()),
             sampling: Some(Sampling {
@@ -376,7 +373,7 @@ mod tests {
             cached_tokens: Some(0),
             arrival_time: ARRIVAL,
             trace_headers: Vec::new(),
-            pd_role: PdRole::None,
+            pd_role: None,
             add_sent_ns: mono(501),
             queued: Some(QUEUED),
             scheduled: Some(SCHEDULED),
@@ -428,14 +425,14 @@ mod tests {
         }
     }
 
-    fn trace() -> RequestTrace {
-        RequestTrace {
+    fn trace() -> VllmTrace {
+        VllmTrace {
             api: Some(api()),
             engine: vec![timeline()],
         }
     }
 
-    fn spans_at(trace: &RequestTrace, granularity: u8) -> Vec<Span> {
+    fn spans_at(trace: &VllmTrace, granularity: u8) -> Vec<Span> {
         let options = SpanOptions {
             granularity,
             ..SpanOptions::default()
@@ -860,20 +857,25 @@ mod tests {
             t.engine[0].pd_role = role;
             let spans = spans_at(&t, 1);
             for s in &spans[1..] {
-                assert_eq!(text(s, "gen_ai.pd_role"), Some(role.as_str()), "{}", s.name);
+                assert_eq!(
+                    text(s, "gen_ai.pd_role"),
+                    Some(PdRole::kv_role(role)),
+                    "{}",
+                    s.name
+                );
             }
             names(&spans[2..])
                 .into_iter()
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
         };
-        let producer = stages(PdRole::Producer);
+        let producer = stages(Some(PdRole::Prefill));
         assert!(producer.contains(&"prefill".to_owned()), "{producer:?}");
         assert!(!producer.contains(&"decode".to_owned()), "{producer:?}");
-        let consumer = stages(PdRole::Consumer);
+        let consumer = stages(Some(PdRole::Decode));
         assert!(consumer.contains(&"decode".to_owned()), "{consumer:?}");
         assert!(!consumer.contains(&"prefill".to_owned()), "{consumer:?}");
-        let none = stages(PdRole::None);
+        let none = stages(None);
         assert!(none.contains(&"prefill".to_owned()) && none.contains(&"decode".to_owned()));
     }
 

@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use super::wire::{
-    EngineOutputs, EngineRequest, EventKind, FinishReason, InputMessage, PdRole, RequestOutput,
-    Sampling, SchedulerStats, VllmDecoder,
+    EngineOutputs, EngineRequest, EventKind, FinishReason, InputMessage, RequestOutput, Sampling,
+    SchedulerStats, VllmDecoder,
 };
 use crate::decode::flows::Decoded;
 use crate::engines::common::{
@@ -18,6 +18,7 @@ use crate::engines::common::{
     in_flight::InFlight,
     iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, EngineSide, Joiner, Outcome},
+    pd_role::PdRole,
 };
 
 /// Requests followed at once; beyond it the oldest is dropped and counted.
@@ -53,7 +54,7 @@ pub enum StepKind {
 
 /// One engine request from ADD to its end, as the frontend saw it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct EngineTimeline {
+pub struct VllmTimeline {
     pub request_id: String,
     pub external_id: Option<String>,
     pub sampling: Option<Sampling>,
@@ -63,7 +64,7 @@ pub struct EngineTimeline {
     /// Frontend wall clock at arrival, seconds.
     pub arrival_time: f64,
     pub trace_headers: Vec<(String, String)>,
-    pub pd_role: PdRole,
+    pub pd_role: Option<PdRole>,
     /// Capture time (CLOCK_MONOTONIC ns) the frontend sent the ADD.
     pub add_sent_ns: u64,
     /// Engine event times, CLOCK_MONOTONIC seconds: first QUEUED, first SCHEDULED.
@@ -91,7 +92,7 @@ pub struct EngineTimeline {
     pub steps_dropped: u32,
 }
 
-impl EngineTimeline {
+impl VllmTimeline {
     fn new(request: &EngineRequest, ts_ns: u64) -> Self {
         Self {
             request_id: request.request_id.clone(),
@@ -213,7 +214,7 @@ impl EngineTimeline {
     }
 }
 
-impl EngineRequestInfo for EngineTimeline {
+impl EngineRequestInfo for VllmTimeline {
     fn api_id(&self) -> &str {
         self.external_id.as_deref().unwrap_or(&self.request_id)
     }
@@ -255,7 +256,7 @@ pub struct StepReport {
 
 /// What a call's engine requests add to its entry span: the prompt (counted once for n>1),
 /// the tokens generated over all of them, and when the last one ended.
-pub fn engine_side(engine: &[EngineTimeline]) -> EngineSide {
+pub fn engine_side(engine: &[VllmTimeline]) -> EngineSide {
     EngineSide {
         input_tokens: engine.iter().find_map(|e| e.prompt_tokens),
         output_tokens: (!engine.is_empty())
@@ -266,21 +267,21 @@ pub fn engine_side(engine: &[EngineTimeline]) -> EngineSide {
 
 /// A finished request: the API call (when seen) and the engine requests it made.
 #[derive(Clone, Debug, PartialEq)]
-pub struct RequestTrace {
+pub struct VllmTrace {
     pub api: Option<ApiExchange>,
-    pub engine: Vec<EngineTimeline>,
+    pub engine: Vec<VllmTimeline>,
 }
 
 /// Output of the tracker, in the order things completed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum VllmEvent {
     Step(StepReport),
-    Request(Box<RequestTrace>),
+    Request(Box<VllmTrace>),
 }
 
 /// Counters of what the tracker could not use.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct TrackerStats {
+pub struct VllmStats {
     pub adds: u64,
     pub steps: u64,
     /// Messages that looked like vLLM's but did not decode.
@@ -296,8 +297,8 @@ pub struct TrackerStats {
 /// The vLLM request tracker: decoded messages in, finished requests and step reports out.
 pub struct VllmTracker {
     decoder: VllmDecoder,
-    in_flight: InFlight<EngineTimeline>,
-    joiner: Joiner<EngineTimeline>,
+    in_flight: InFlight<VllmTimeline>,
+    joiner: Joiner<VllmTimeline>,
     /// Requests the frontend aborted, with when: vLLM drops their later outputs uncounted,
     /// and so do we.
     aborted: HashMap<String, u64>,
@@ -305,7 +306,7 @@ pub struct VllmTracker {
     handoffs: Handoffs,
     /// Latest capture time seen.
     now_ns: u64,
-    pub stats: TrackerStats,
+    pub stats: VllmStats,
 }
 
 impl VllmTracker {
@@ -318,7 +319,7 @@ impl VllmTracker {
             orphans: HashMap::new(),
             handoffs: Handoffs::default(),
             now_ns: 0,
-            stats: TrackerStats::default(),
+            stats: VllmStats::default(),
         }
     }
 
@@ -347,7 +348,7 @@ impl VllmTracker {
             } => match self.decoder.input(&message.frames) {
                 Some(Ok(InputMessage::Add(request))) => {
                     self.stats.adds += 1;
-                    self.start(EngineTimeline::new(&request, message.first_ns), out);
+                    self.start(VllmTimeline::new(&request, message.first_ns), out);
                 }
                 Some(Ok(InputMessage::Abort(ids))) => {
                     if self.aborted.len() >= MAX_IN_FLIGHT {
@@ -417,14 +418,14 @@ impl VllmTracker {
         tracing::debug!("undecodable vLLM message: {error}");
     }
 
-    fn aborted_by_frontend(&mut self, mut t: EngineTimeline, at_ns: u64) {
+    fn aborted_by_frontend(&mut self, mut t: VllmTimeline, at_ns: u64) {
         t.aborted_by_frontend = true;
         t.finish_reason = Some(FinishReason::Abort);
         t.finished_ns = Some(at_ns);
         self.joiner.add_engine(t);
     }
 
-    fn start(&mut self, mut timeline: EngineTimeline, out: &mut Vec<VllmEvent>) {
+    fn start(&mut self, mut timeline: VllmTimeline, out: &mut Vec<VllmEvent>) {
         let id = timeline.request_id.clone();
         if let Some(orphan) = self.orphans.remove(&id) {
             let mut report = StepReport::default();
@@ -499,7 +500,7 @@ impl VllmTracker {
 
     /// A joined request as reported: frontend instants moved to when the event loop took the
     /// outputs over, and frontend aborts that were vLLM's own stop-string finishes told apart.
-    fn trace(&self, outcome: Outcome<EngineTimeline>) -> RequestTrace {
+    fn trace(&self, outcome: Outcome<VllmTimeline>) -> VllmTrace {
         let mut engine = outcome.engine;
         // vLLM's frontend also sends ABORT for a request it finished itself: a stop string is
         // matched during detokenization, in the API server, which then tells the engine to
@@ -521,7 +522,7 @@ impl VllmTracker {
                 t.finished_ns = t.finished_ns.map(|ns| self.handoffs.taken_at(ns));
             }
         }
-        RequestTrace {
+        VllmTrace {
             api: outcome.api,
             engine,
         }
@@ -760,7 +761,7 @@ mod tests {
             .collect()
     }
 
-    fn traces(events: &[VllmEvent]) -> Vec<RequestTrace> {
+    fn traces(events: &[VllmEvent]) -> Vec<VllmTrace> {
         events
             .iter()
             .filter_map(|e| match e {
@@ -770,20 +771,20 @@ mod tests {
             .collect()
     }
 
-    fn advance(t: &mut VllmTracker, now: u64) -> Vec<RequestTrace> {
+    fn advance(t: &mut VllmTracker, now: u64) -> Vec<VllmTrace> {
         let mut out = Vec::new();
         t.advance(now, &mut out);
         assert!(step_reports(&out).is_empty());
         traces(&out)
     }
 
-    fn finish(t: &mut VllmTracker) -> Vec<RequestTrace> {
+    fn finish(t: &mut VllmTracker) -> Vec<VllmTrace> {
         let mut out = Vec::new();
         t.finish(&mut out);
         traces(&out)
     }
 
-    fn kinds(t: &EngineTimeline) -> Vec<StepKind> {
+    fn kinds(t: &VllmTimeline) -> Vec<StepKind> {
         t.steps.iter().map(|s| s.kind).collect()
     }
 

@@ -13,6 +13,8 @@
 //! noticed and counted instead of producing wrong numbers.
 use rmpv::Value;
 
+use crate::engines::common::pd_role::PdRole;
+
 /// Deepest nesting accepted (vLLM's messages are at most ~6 levels deep).
 const MAX_DEPTH: usize = 64;
 
@@ -205,26 +207,6 @@ impl Default for Sampling {
     }
 }
 
-/// Prefill/decode disaggregation role of a request, from its `kv_transfer_params`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PdRole {
-    /// Prefill node: `do_remote_decode`.
-    Producer,
-    /// Decode node: `do_remote_prefill`.
-    Consumer,
-    None,
-}
-
-impl PdRole {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            PdRole::Producer => "producer",
-            PdRole::Consumer => "consumer",
-            PdRole::None => "none",
-        }
-    }
-}
-
 /// An `EngineCoreRequest` (ADD).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineRequest {
@@ -238,7 +220,7 @@ pub struct EngineRequest {
     pub data_parallel_rank: Option<i64>,
     /// W3C trace context the frontend forwarded (`traceparent`, `tracestate`).
     pub trace_headers: Vec<(String, String)>,
-    pub pd_role: PdRole,
+    pub pd_role: Option<PdRole>,
 }
 
 /// Why a request finished (vllm FinishReason).
@@ -535,7 +517,7 @@ fn add(layout: &RequestLayout, value: &Value) -> Result<EngineRequest, VllmError
             "data_parallel_rank is not an int",
         )?,
         trace_headers,
-        pd_role: sampling_map.map(|m| pd_role(m)).unwrap_or(PdRole::None),
+        pd_role: sampling_map.and_then(|m| pd_role(m)),
     })
 }
 
@@ -563,7 +545,7 @@ fn sampling(map: &[(Value, Value)]) -> Sampling {
 
 /// `sampling_params.extra_args.kv_transfer_params`: `do_remote_decode` marks the prefill side
 /// (producer), `do_remote_prefill` the decode side (consumer).
-fn pd_role(sampling: &[(Value, Value)]) -> PdRole {
+fn pd_role(sampling: &[(Value, Value)]) -> Option<PdRole> {
     let params = entry(sampling, "extra_args")
         .and_then(Value::as_map)
         .and_then(|m| entry(m, "kv_transfer_params"))
@@ -575,11 +557,11 @@ fn pd_role(sampling: &[(Value, Value)]) -> PdRole {
             .unwrap_or(false)
     };
     if flag("do_remote_decode") {
-        PdRole::Producer
+        Some(PdRole::Prefill)
     } else if flag("do_remote_prefill") {
-        PdRole::Consumer
+        Some(PdRole::Decode)
     } else {
-        PdRole::None
+        None
     }
 }
 
@@ -941,7 +923,7 @@ mod tests {
                 arrival_time: ARRIVAL,
                 data_parallel_rank: Some(1),
                 trace_headers: vec![("traceparent".into(), "00-abc-def-01".into())],
-                pd_role: PdRole::None,
+                pd_role: None,
             }
         );
         assert_eq!(decoder.layout_switches, 0);
@@ -969,7 +951,7 @@ mod tests {
         assert_eq!(request.sampling, Some(Sampling::default()));
         assert_eq!(request.data_parallel_rank, None);
         assert!(request.trace_headers.is_empty());
-        assert_eq!(request.pd_role, PdRole::None);
+        assert_eq!(request.pd_role, None);
     }
 
     #[test]
@@ -1015,7 +997,7 @@ mod tests {
         )
         .expect("decodes");
         assert_eq!(pooling.sampling, None);
-        assert_eq!(pooling.pd_role, PdRole::None);
+        assert_eq!(pooling.pd_role, None);
     }
 
     /// Found while writing these tests: `SamplingParams(temperature=0)` (an int, as the offline
@@ -1051,7 +1033,7 @@ mod tests {
                 ("do_remote_decode", Value::Boolean(true)),
                 ("do_remote_prefill", Value::Boolean(false)),
             ])),
-            PdRole::Producer
+            Some(PdRole::Prefill)
         );
         assert_eq!(
             role(map(vec![
@@ -1060,22 +1042,19 @@ mod tests {
                 ("remote_engine_id", s("e1")),
                 ("remote_block_ids", Value::Array(vec![Value::from(1)])),
             ])),
-            PdRole::Consumer
+            Some(PdRole::Decode)
         );
         assert_eq!(
             role(map(vec![("do_remote_decode", Value::Boolean(false))])),
-            PdRole::None
+            None
         );
-        assert_eq!(role(Value::Nil), PdRole::None);
+        assert_eq!(role(Value::Nil), None);
         // Not bools / not a map: no role, and not an error (these are free-form dicts).
-        assert_eq!(
-            role(map(vec![("do_remote_decode", s("yes"))])),
-            PdRole::None
-        );
-        assert_eq!(role(Value::Array(vec![])), PdRole::None);
-        assert_eq!(PdRole::Producer.as_str(), "producer");
-        assert_eq!(PdRole::Consumer.as_str(), "consumer");
-        assert_eq!(PdRole::None.as_str(), "none");
+        assert_eq!(role(map(vec![("do_remote_decode", s("yes"))])), None);
+        assert_eq!(role(Value::Array(vec![])), None);
+        assert_eq!(PdRole::kv_role(Some(PdRole::Prefill)), "producer");
+        assert_eq!(PdRole::kv_role(Some(PdRole::Decode)), "consumer");
+        assert_eq!(PdRole::kv_role(None), "none");
     }
 
     #[test]
@@ -1967,7 +1946,7 @@ mod tests {
         assert_eq!(request.arrival_time, 1796210979.0404432);
         assert_eq!(request.data_parallel_rank, None);
         assert!(request.trace_headers.is_empty());
-        assert_eq!(request.pd_role, PdRole::None);
+        assert_eq!(request.pd_role, None);
         // All 22 fields are on the wire, and the sampling map carries default values too.
         assert_eq!(
             request.sampling,
