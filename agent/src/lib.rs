@@ -11,5 +11,6 @@ pub mod doctor;
 pub mod engines;
 pub mod export;
 pub mod pipeline;
+pub mod routing;
 pub mod session;
 pub mod telemetry;

@@ -12,9 +12,8 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use infertrace::{
     capture::{cuda_watch::CudaOptions, kernel::KernelOptions, python_watch::PythonOptions},
-    discover::engine::{self, Engine},
-    doctor,
-    engines::{sglang::metrics as sglang_metrics, vllm::metrics as vllm_metrics},
+    discover::engine::{self, Engine, Target},
+    doctor, engines,
     export::{
         Exporter,
         console::{Console, ConsoleExporter},
@@ -184,11 +183,7 @@ struct OutputArgs {
 
 impl OutputArgs {
     /// OTLP settings, when OTLP export is asked for (flag or environment).
-    fn otlp(
-        &self,
-        engine: Option<&Engine>,
-        engine_version: Option<&str>,
-    ) -> anyhow::Result<Option<OtlpOptions>> {
+    fn otlp(&self, targets: &[Target]) -> anyhow::Result<Option<OtlpOptions>> {
         let from_env = [
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -219,14 +214,24 @@ impl OutputArgs {
                 env!("CARGO_PKG_VERSION").to_owned(),
             ),
         ];
-        if let Some(v) = engine_version {
+        let engine = |t: &Target| t.engine.clone().unwrap_or(Engine::Vllm);
+        let one_engine = targets
+            .split_first()
+            .filter(|(first, rest)| rest.iter().all(|t| engine(t) == engine(first)))
+            .map(|(first, _)| first);
+        if let Some(v) = one_engine.and_then(|t| t.version.as_deref())
+            && targets.iter().all(|t| t.version.as_deref() == Some(v))
+        {
             resource.push(("service.version".to_owned(), v.to_owned()));
         }
         Ok(Some(OtlpOptions {
             endpoint: self.otlp_endpoint.clone(),
             protocol,
-            // As the engine's own tracing names itself (vLLM's and SGLang's default).
-            service_name: engine.unwrap_or(&Engine::Vllm).package().to_owned(),
+            // As the engine's own tracing names itself (vLLM's and SGLang's default); servers
+            // of several engines are told apart by their metrics' service.instance.id.
+            service_name: one_engine
+                .map_or("infertrace", |t| engine(t).package())
+                .to_owned(),
             resource,
         }))
     }
@@ -258,9 +263,8 @@ impl OutputArgs {
     fn pipeline(
         &self,
         clock: Clock,
-        engine: Option<Engine>,
-        engine_version: Option<String>,
-        served_model: Option<String>,
+        targets: Vec<Target>,
+        host: String,
     ) -> anyhow::Result<Pipeline> {
         if !(self.metrics_interval.is_finite() && self.metrics_interval > 0.0) {
             anyhow::bail!("--metrics-interval must be > 0");
@@ -270,20 +274,20 @@ impl OutputArgs {
                 granularity: self.granularity,
                 sglang_trace_level: self.sglang_trace_level,
                 capture_content: self.capture_content,
-                default_model: served_model,
+                default_model: None,
                 host_id: std::fs::read_to_string("/etc/machine-id")
                     .ok()
                     .map(|id| id.trim().to_owned())
                     .filter(|id| !id.is_empty()),
             },
             metrics_interval_ns: (self.metrics_interval * 1e9) as u64,
-            vllm_version: engine_version,
-            engine,
+            targets,
+            host,
             profile_output: self.profile_output.clone(),
         };
         let registry = Arc::new(Mutex::new(Registry::default()));
         let mut exporters = self.exporters()?;
-        if let Some(otlp) = self.otlp(options.engine.as_ref(), options.vllm_version.as_deref())? {
+        if let Some(otlp) = self.otlp(&options.targets)? {
             tracing::info!(
                 "exporting over OTLP ({:?}) to {}",
                 otlp.protocol,
@@ -295,7 +299,7 @@ impl OutputArgs {
                 &otlp,
                 registry.clone(),
                 &[
-                    engine_metrics(options.engine.as_ref()),
+                    &engine_metrics(&options.targets),
                     &agent_metrics::ALL[..],
                     &gpu::ALL[..],
                     &[&python_samples::PYTHON_SAMPLES],
@@ -319,7 +323,6 @@ impl CaptureArgs {
             None => None,
         };
         Ok(LiveOptions {
-            pids: self.pids.clone(),
             kernel: KernelOptions {
                 ring_bytes: self.ring_mib.clamp(1, 1024) * 1024 * 1024,
                 cap_bytes: self.cap_bytes,
@@ -337,9 +340,7 @@ impl CaptureArgs {
             },
             poll_interval: Duration::from_millis(self.poll_ms.clamp(1, 10_000)),
             duration,
-            engine_version: None,
-            served_model: None,
-            engine: None,
+            targets: Vec::new(),
         })
     }
 }
@@ -373,21 +374,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 &file,
                 |header| {
                     let clock = Clock::fixed(header.realtime_minus_monotonic_ns);
-                    // Recordings made before the header kept the engine: tell it from the
-                    // process titles SGLang sets (`sglang::scheduler`, ...).
-                    let engine = header.engine.clone().or_else(|| {
-                        header
-                            .processes
-                            .iter()
-                            .any(|p| p.comm.starts_with("sglang::"))
-                            .then_some(Engine::Sglang)
-                    });
-                    output.pipeline(
-                        clock,
-                        engine,
-                        header.engine_version.clone(),
-                        header.served_model.clone(),
-                    )
+                    output.pipeline(clock, header.targets(), header.host.clone())
                 },
                 |header, d| {
                     if output.messages
@@ -439,33 +426,22 @@ fn profile(mut capture: CaptureArgs, top: usize) -> anyhow::Result<()> {
 
 fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<Pipeline> {
     let mut options = args.options()?;
-    for &pid in &options.pids {
-        if !infertrace::discover::procfs::exists(pid) {
-            continue;
-        }
-        match engine::identify(pid) {
-            Some(found) => {
-                options.engine = options.engine.take().or(Some(found.engine));
-                options.engine_version = options.engine_version.take().or(found.version);
-                options.served_model = options
-                    .served_model
-                    .take()
-                    .or(found.served_model_name)
-                    .or(found.model);
-            }
-            None => tracing::warn!(
+    for &pid in &args.pids {
+        let target = Target::discover(pid);
+        if target.engine.is_none() && infertrace::discover::procfs::exists(pid) {
+            tracing::warn!(
                 "pid {pid} is not a vLLM/SGLang process (found: {}); capturing its sockets anyway",
                 engine::describe_non_engine(pid)
-            ),
+            );
         }
+        options.targets.push(target);
     }
     let clock = Clock::fixed(session::realtime_minus_monotonic_ns());
     let console = args.output.messages.then(|| Console::new(clock.latest()));
     let mut pipeline = args.output.pipeline(
         clock,
-        options.engine.clone(),
-        options.engine_version.clone(),
-        options.served_model.clone(),
+        options.targets.clone(),
+        infertrace::discover::system::hostname(),
     )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -499,88 +475,46 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<Pipeline>
     Ok(pipeline)
 }
 
-/// What the summary says of SGLang's DP controller, when requests passed through one.
-fn dp_controller_results(g: &infertrace::engines::sglang::tracker::SglangStats) -> String {
-    let passed = g.dpc_dispatch_starts + g.dpc_dispatch_starts_unknown;
-    if passed == 0 {
-        return String::new();
-    }
-    format!(
-        ", {passed} requests passed through the DP controller (its dispatch start seen for {}, \
-         not for {}: its serialization not probed or not certain)",
-        g.dpc_dispatch_starts, g.dpc_dispatch_starts_unknown
-    )
-}
-
-/// The spec's metrics of `engine` (vLLM's when not known), for exporters that declare their
+/// The metrics of the targets' engines (each kind's once), for exporters that declare their
 /// instruments up front.
-fn engine_metrics(engine: Option<&Engine>) -> &'static [&'static MetricDef] {
-    match engine {
-        Some(Engine::Sglang) => &sglang_metrics::ALL,
-        Some(Engine::Vllm) | None => &vllm_metrics::ALL,
+fn engine_metrics(targets: &[Target]) -> Vec<&'static MetricDef> {
+    let mut defs: Vec<&'static MetricDef> = Vec::new();
+    for target in targets {
+        for def in engines::kind_or_default(target.engine.as_ref()).metrics() {
+            if !defs.iter().any(|d| d.name == def.name) {
+                defs.push(def);
+            }
+        }
     }
+    defs
 }
 
 /// What the pipeline made of it, for the summary line.
 fn results(pipeline: &Pipeline) -> String {
     let s = pipeline.stats;
     let h = pipeline.handoff_stats();
-    let engine = match pipeline.sglang_stats() {
-        Some(g) => {
-            format!(
-                "SGLang: {} requests sent to the scheduler, {} outputs, {} undecodable messages, {} \
-             health checks left out, {} outputs of requests sent before attach, {} requests \
-             unfinished at the end, {} dropped (too many in flight), {} scheduler log lines \
-             read ({} statistics reports), {} retractions placed ({} whose request was not \
-             certain left out), {} scheduler loop iterations followed, decode steps and batches \
-             placed for {} requests ({} left out: not shown whole by the loop), dispatch start \
-             seen for {} requests ({} without: main's serialization not probed or not certain)",
-                g.requests,
-                g.outputs,
-                g.undecodable,
-                g.health_checks,
-                g.outputs_without_request,
-                g.unfinished_at_end,
-                g.evicted,
-                g.log_lines,
-                g.stats_reports,
-                g.retractions_placed,
-                g.retractions_unplaced,
-                g.loop_iterations,
-                g.loop_requests_placed,
-                g.loop_requests_not_placed,
-                g.dispatch_starts,
-                g.dispatch_starts_unknown
-            ) + &dp_controller_results(&g)
-        }
-        None => {
-            let t = pipeline.tracker_stats();
-            format!(
-                "vLLM: {} requests sent to the engine, {} engine steps, {} undecodable messages, \
-                 {} requests sent before attach (or whose ADD was lost), {} requests unfinished \
-                 at the end, {} dropped (too many in flight), {} layout switches",
-                t.adds,
-                t.steps,
-                t.undecodable,
-                t.requests_without_add,
-                t.unfinished_at_end,
-                t.evicted,
-                pipeline.layout_switches()
-            )
-        }
+    let engines: Vec<String> = pipeline.instances().map(|i| i.summary()).collect();
+    let unrouted = if s.unrouted > 0 {
+        format!(
+            "; {} messages of processes outside every traced server left out",
+            s.unrouted
+        )
+    } else {
+        String::new()
     };
     format!(
-        "; {} requests traced ({} spans); {engine}; messages timed at the event loop's \
+        "; {} requests traced ({} spans); {}; messages timed at the event loop's \
          take-over: {} (at its next iteration: {}), at their arrival: {}; sends timed at the \
-         hand-over to libzmq: {} ({} by its send's probe), at the send: {}",
+         hand-over to libzmq: {} ({} by its send's probe), at the send: {}{unrouted}",
         s.traces,
         s.spans,
+        engines.join("; "),
         h.taken_over,
         h.next_iteration,
         h.at_arrival,
         h.handed_over,
         h.send_probed,
-        h.at_send
+        h.at_send,
     )
 }
 

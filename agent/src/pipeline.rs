@@ -1,44 +1,38 @@
-//! Decoded messages -> engine tracker -> spans and metrics -> exporters.
+//! Decoded messages -> the engine instance of the process they came from -> spans and metrics
+//! -> exporters. The pipeline knows no engine: each traced server is an instance of its engine
+//! kind (`engines::engine`), with its own tracker, clock, counters and metrics scope.
 use std::sync::{Arc, Mutex};
 
 use crate::{
     capture::KernelCounters,
     decode::flows::{Decoded, FlowStats},
-    discover::engine::Engine,
+    discover::engine::Target,
     engines::{
-        common::{gpu::GpuTimeline, handoff::HandoffStats, iteration_work::IterationWork},
-        sglang::{
-            metrics::{self as sglang_metrics, SglangMetrics},
-            spans as sglang_spans,
-            tracker::{SglangStats, SglangTrace, SglangTracker},
-        },
-        vllm::{
-            metrics::VllmMetrics,
-            spans as vllm_spans,
-            tracker::{VllmEvent, VllmStats, VllmTracker},
-            wire::{SCHEMAS, VllmDecoder, schema_for_version},
-        },
+        self,
+        common::{gpu::GpuTimeline, handoff::HandoffStats},
+        engine::{EngineInstance, Output},
     },
     export::Exporter,
+    routing::Owners,
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
-        metrics::Registry,
+        metrics::{Registry, Scope},
         profile::Profile,
         python_samples,
-        span::{IdGenerator, Span},
+        span::Span,
     },
 };
 
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
+    /// What the spans contain (each instance's default model is its target's).
     pub spans: SpanOptions,
     /// Metrics snapshots go to the exporters this often (capture time), ns.
     pub metrics_interval_ns: u64,
-    /// The engine's installed version (from discovery), which picks the wire layout.
-    pub vllm_version: Option<String>,
-    /// The traced engine, when discovery knows it. Only vLLM is reconstructed today: for
-    /// SGLang the pipeline produces no spans (and says so) rather than misread its messages.
-    pub engine: Option<Engine>,
+    /// The servers traced, one engine instance each.
+    pub targets: Vec<Target>,
+    /// The host the servers run on, part of each instance's identity.
+    pub host: String,
     /// Where to write the Python profile's folded stacks (each metrics interval, and at the
     /// end).
     pub profile_output: Option<std::path::PathBuf>,
@@ -49,60 +43,33 @@ pub struct PipelineOptions {
 pub struct PipelineStats {
     pub traces: u64,
     pub spans: u64,
+    /// Messages of processes that belong to no traced server (announced by no target's
+    /// tree): not used.
+    pub unrouted: u64,
+}
+
+/// One engine instance and its metrics scope.
+struct Slot {
+    instance: Box<dyn EngineInstance>,
+    scope: Scope,
 }
 
 pub struct Pipeline {
-    tracker: VllmTracker,
-    /// False when the traced engine is not vLLM.
-    reconstruct: bool,
-    /// The SGLang tracker, when the traced engine is SGLang (it then takes every message).
-    sglang: Option<SglangTracker>,
-    sglang_metrics: SglangMetrics,
+    instances: Vec<Slot>,
+    owners: Owners,
     /// Traced threads' CUDA steps, whatever the engine.
     gpu: GpuTimeline,
-    /// The CUDA steps of each vLLM iteration.
-    iteration_work: IterationWork,
     /// Python stack samples per thread.
     profile: Profile,
     profile_output: Option<std::path::PathBuf>,
     span_options: SpanOptions,
+    host: String,
     clock: Clock,
-    ids: IdGenerator,
-    metrics: VllmMetrics,
     registry: Arc<Mutex<Registry>>,
     exporters: Vec<Box<dyn Exporter>>,
     metrics_interval_ns: u64,
     next_metrics_ns: Option<u64>,
-    events: Vec<VllmEvent>,
     pub stats: PipelineStats,
-}
-
-/// The wire layout decoder for an engine version, saying so when the version is unknown.
-fn decoder_for(version: Option<&str>) -> VllmDecoder {
-    let newest = SCHEMAS[SCHEMAS.len() - 1];
-    let schema = match version {
-        Some(v) => {
-            let (schema, known) = schema_for_version(v);
-            if known {
-                tracing::info!("vLLM {v}: decoding with the {} layout", schema.name);
-            } else {
-                tracing::warn!(
-                    "vLLM {v} is not a version infertrace knows; decoding with the closest \
-                     layout ({}), checked message by message",
-                    schema.name
-                );
-            }
-            schema
-        }
-        None => {
-            tracing::warn!(
-                "vLLM version unknown; decoding with the {} layout, checked message by message",
-                newest.name
-            );
-            newest
-        }
-    };
-    VllmDecoder::new(schema)
 }
 
 impl Pipeline {
@@ -112,46 +79,50 @@ impl Pipeline {
         registry: Arc<Mutex<Registry>>,
         exporters: Vec<Box<dyn Exporter>>,
     ) -> Self {
-        let reconstruct = options.engine.as_ref().is_none_or(|e| *e == Engine::Vllm);
-        let sglang = (options.engine == Some(Engine::Sglang)).then(|| {
-            tracing::info!(
-                "SGLang: entry, request, thread and stage spans, retract events, the request \
-                 metrics, and the scheduler's snapshot counters from its log (when it logs at \
-                 info level)"
-            );
-            SglangTracker::default()
-        });
-        let version = reconstruct
-            .then_some(options.vllm_version.as_deref())
-            .flatten();
-        Self {
-            tracker: VllmTracker::new(if reconstruct {
-                decoder_for(version)
-            } else {
-                VllmDecoder::new(SCHEMAS[SCHEMAS.len() - 1])
-            }),
-            reconstruct,
-            sglang,
-            sglang_metrics: SglangMetrics {
-                model_name: options.spans.default_model.clone(),
-            },
+        let mut pipeline = Self {
+            instances: Vec::new(),
+            owners: Owners::default(),
             gpu: GpuTimeline::default(),
-            iteration_work: IterationWork::default(),
             profile: Profile::default(),
             profile_output: options.profile_output,
-            metrics: VllmMetrics {
-                model_name: options.spans.default_model.clone(),
-            },
             span_options: options.spans,
+            host: options.host,
             clock,
-            ids: IdGenerator::default(),
             registry,
             exporters,
             metrics_interval_ns: options.metrics_interval_ns.max(1),
             next_metrics_ns: None,
-            events: Vec::new(),
             stats: PipelineStats::default(),
+        };
+        for target in &options.targets {
+            pipeline.add(target);
         }
+        pipeline
+    }
+
+    /// Trace one more server: an instance of its engine kind, whose metrics carry its
+    /// identity.
+    pub fn add(&mut self, target: &Target) {
+        let kind = engines::kind_or_default(target.engine.as_ref());
+        let spans = SpanOptions {
+            default_model: target.served_model.clone(),
+            ..self.span_options.clone()
+        };
+        let scope = self
+            .registry
+            .lock()
+            .expect("registry lock")
+            .add_scope(identity(&self.host, target));
+        self.owners.add_root(target.pid, self.instances.len());
+        self.instances.push(Slot {
+            instance: kind.instance(target, spans, self.clock.clone()),
+            scope,
+        });
+    }
+
+    /// The engine instances, in the order their targets were given.
+    pub fn instances(&self) -> impl Iterator<Item = &dyn EngineInstance> {
+        self.instances.iter().map(|slot| slot.instance.as_ref())
     }
 
     /// The capture stage's totals so far (for the agent's own metrics).
@@ -163,26 +134,11 @@ impl Pipeline {
         );
     }
 
-    pub fn tracker_stats(&self) -> VllmStats {
-        self.tracker.stats
-    }
-
-    /// How the frontend instants (first token, end) were found.
+    /// How the frontend instants were found, over every instance.
     pub fn handoff_stats(&self) -> HandoffStats {
-        match &self.sglang {
-            Some(sglang) => sglang.handoff_stats(),
-            None => self.tracker.handoff_stats(),
-        }
-    }
-
-    /// The SGLang tracker's counters, when the engine is SGLang.
-    pub fn sglang_stats(&self) -> Option<SglangStats> {
-        self.sglang.as_ref().map(|s| s.stats)
-    }
-
-    /// Layout switches of the vLLM decoder (messages that fitted another version's table).
-    pub fn layout_switches(&self) -> u64 {
-        self.tracker.decoder().layout_switches
+        self.instances()
+            .map(|i| i.handoff_stats())
+            .fold(HandoffStats::default(), |sum, h| sum + h)
     }
 
     /// Take a batch of decoded messages (in time order).
@@ -191,45 +147,70 @@ impl Pipeline {
             if let Decoded::Clock(moved) = decoded {
                 self.clock
                     .wall_clock_moved(moved.monotonic_ns, moved.realtime_minus_monotonic_ns);
+                for slot in &mut self.instances {
+                    slot.instance
+                        .wall_clock_moved(moved.monotonic_ns, moved.realtime_minus_monotonic_ns);
+                }
             }
         }
         self.gpu_and_python(batch);
-        if let Some(sglang) = self.sglang.as_mut() {
-            for decoded in batch {
-                sglang.feed(decoded);
-            }
-            let reports = sglang.take_reports();
-            if !reports.is_empty() {
-                let mut registry = self.registry.lock().expect("registry lock");
-                for stats in &reports {
-                    sglang_metrics::report(&mut registry, stats);
-                }
-            }
-            return;
-        }
-        let mut events = std::mem::take(&mut self.events);
+        let mut routed: Vec<Vec<&Decoded>> = vec![Vec::new(); self.instances.len()];
         for decoded in batch {
-            // The API calls are engine-neutral (entry spans for any OpenAI-compatible
-            // server); the ZeroMQ messages are vLLM's own.
-            if self.reconstruct || matches!(decoded, Decoded::Http { .. }) {
-                self.tracker.feed(decoded, &mut events);
+            if matches!(
+                decoded,
+                Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_)
+            ) {
+                continue;
+            }
+            if let Decoded::Process(process) = decoded {
+                self.owners.announce(process);
+            }
+            match self.owner(decoded) {
+                Some(i) => routed[i].push(decoded),
+                None => self.stats.unrouted += 1,
             }
         }
-        self.emit(&mut events);
-        self.events = events;
+        for (i, messages) in routed.iter().enumerate() {
+            if !messages.is_empty() {
+                self.run(i, |instance, out| instance.handle(messages, out));
+            }
+        }
+    }
+
+    /// The instance a message goes to: its process's owner. With a single instance, a
+    /// process never announced (it exited before /proc could name it) is taken to be its.
+    fn owner(&self, decoded: &Decoded) -> Option<usize> {
+        let owner = decoded.tgid().and_then(|tgid| self.owners.of(tgid));
+        owner.or((self.instances.len() == 1).then_some(0))
+    }
+
+    /// Run `f` on instance `i` with its metrics scope, then export the traces it finished.
+    fn run(&mut self, i: usize, f: impl FnOnce(&mut dyn EngineInstance, &mut Output)) {
+        let mut traces = Vec::new();
+        {
+            let slot = &mut self.instances[i];
+            let mut registry = self.registry.lock().expect("registry lock");
+            registry.in_scope(slot.scope, |registry| {
+                f(
+                    slot.instance.as_mut(),
+                    &mut Output {
+                        registry,
+                        traces: &mut traces,
+                    },
+                )
+            });
+        }
+        for spans in &traces {
+            self.export_spans(spans);
+        }
     }
 
     /// Capture time has reached `now_ns`: report what waited long enough, and the metrics
     /// when an interval has passed.
     pub fn tick(&mut self, now_ns: u64) {
-        if let Some(sglang) = self.sglang.as_mut() {
-            let mut traces = sglang.advance(now_ns);
-            self.emit_sglang(&mut traces);
+        for i in 0..self.instances.len() {
+            self.run(i, |instance, out| instance.advance(now_ns, out));
         }
-        let mut events = std::mem::take(&mut self.events);
-        self.tracker.advance(now_ns, &mut events);
-        self.emit(&mut events);
-        self.events = events;
         let due = *self
             .next_metrics_ns
             .get_or_insert(now_ns.saturating_add(self.metrics_interval_ns));
@@ -242,13 +223,9 @@ impl Pipeline {
 
     /// End of the session: report everything, a last metrics snapshot, flush the exporters.
     pub fn finish(&mut self, now_ns: u64) {
-        if let Some(sglang) = self.sglang.as_mut() {
-            let mut traces = sglang.finish();
-            self.emit_sglang(&mut traces);
+        for i in 0..self.instances.len() {
+            self.run(i, |instance, out| instance.finish(out));
         }
-        let mut events = std::mem::take(&mut self.events);
-        self.tracker.finish(&mut events);
-        self.emit(&mut events);
         self.export_metrics(now_ns);
         for exporter in &mut self.exporters {
             exporter.shutdown();
@@ -257,70 +234,17 @@ impl Pipeline {
     }
 
     fn export_metrics(&mut self, now_ns: u64) {
-        // The engine's own hand-off counts (SGLang's tracker has its own, not vLLM's).
-        let handoffs = self.handoff_stats();
         let samples = {
             let mut registry = self.registry.lock().expect("registry lock");
-            match &self.sglang {
-                Some(sglang) => agent_metrics::sglang(&mut registry, &sglang.stats),
-                None => {
-                    agent_metrics::vllm(&mut registry, &self.tracker.stats, self.layout_switches())
-                }
+            for slot in &self.instances {
+                registry.in_scope(slot.scope, |r| slot.instance.counters(r));
             }
-            agent_metrics::pipeline(&mut registry, &handoffs, self.stats.traces);
+            agent_metrics::traces(&mut registry, self.stats.traces);
             registry.snapshot()
         };
         let unix_ns = self.clock.unix_ns(now_ns);
         for exporter in &mut self.exporters {
             exporter.metrics(&samples, unix_ns);
-        }
-    }
-
-    fn emit(&mut self, events: &mut Vec<VllmEvent>) {
-        if events.is_empty() {
-            return;
-        }
-        let mut registry = self.registry.lock().expect("registry lock");
-        let mut traces = Vec::new();
-        for event in events.drain(..) {
-            match event {
-                VllmEvent::Step(step) => {
-                    if step.iteration {
-                        self.iteration_work.iteration(
-                            step.engine_index,
-                            step.timestamp,
-                            step.frontend,
-                        );
-                    }
-                    self.metrics.step(&mut registry, &step);
-                }
-                VllmEvent::Request(mut trace) => {
-                    self.iteration_work.annotate(&mut trace);
-                    self.metrics.request(&mut registry, &trace, &self.clock);
-                    traces.push(trace);
-                }
-            }
-        }
-        drop(registry);
-        for trace in &traces {
-            let spans = vllm_spans::spans(trace, &self.span_options, &self.clock, &mut self.ids);
-            self.export_spans(&spans);
-        }
-    }
-
-    fn emit_sglang(&mut self, traces: &mut [SglangTrace]) {
-        for trace in traces.iter_mut() {
-            self.iteration_work.annotate_sglang(trace);
-        }
-        let mut registry = self.registry.lock().expect("registry lock");
-        for trace in traces.iter() {
-            self.sglang_metrics
-                .request(&mut registry, trace, &self.clock);
-        }
-        drop(registry);
-        for trace in traces.iter() {
-            let spans = sglang_spans::spans(trace, &self.span_options, &self.clock, &mut self.ids);
-            self.export_spans(&spans);
         }
     }
 
@@ -344,7 +268,8 @@ impl Pipeline {
     }
 
     /// The batch's CUDA steps, named, to the metrics and the outputs that list steps; its
-    /// Python samples to the profile and the metrics; both to the iterations they fall in.
+    /// Python samples to the profile and the metrics; both to the iterations of the instance
+    /// whose process they are of.
     fn gpu_and_python(&mut self, batch: &[Decoded]) {
         for decoded in batch {
             let event = match decoded {
@@ -356,8 +281,13 @@ impl Pipeline {
                         sample,
                         kind,
                     );
-                    self.iteration_work
-                        .python_sample(sample.ns, sample.tgid, kind);
+                    if let Some(i) = self.owner(decoded) {
+                        self.instances[i].instance.iteration_work().python_sample(
+                            sample.ns,
+                            sample.tgid,
+                            kind,
+                        );
+                    }
                     continue;
                 }
                 _ => continue,
@@ -365,7 +295,12 @@ impl Pipeline {
             let Some(step) = self.gpu.feed(event) else {
                 continue;
             };
-            self.iteration_work.gpu_step(&step.step);
+            if let Some(i) = self.owner(decoded) {
+                self.instances[i]
+                    .instance
+                    .iteration_work()
+                    .gpu_step(&step.step);
+            }
             gpu::step(&mut self.registry.lock().expect("registry lock"), &step);
             let report = gpu::report(&step, &self.clock);
             for exporter in &mut self.exporters {
@@ -381,4 +316,10 @@ impl Pipeline {
             exporter.spans(spans);
         }
     }
+}
+
+/// What an instance's metrics carry so that two servers never share a series: the
+/// OpenTelemetry `service.instance.id` (host and pid, unique while the server runs).
+fn identity(host: &str, target: &Target) -> Vec<(&'static str, String)> {
+    vec![("service.instance.id", format!("{host}:{}", target.pid))]
 }

@@ -22,7 +22,7 @@ use crate::{
         recording::{Header, Reader, Writer},
     },
     decode::flows::{Decoded, FlowStats, FlowTable},
-    discover::{procfs, system},
+    discover::{engine::Target, procfs, system},
     pipeline::Pipeline,
 };
 
@@ -34,16 +34,14 @@ const EXIT_CHECK: Duration = Duration::from_millis(500);
 /// How a live session runs.
 #[derive(Clone, Debug)]
 pub struct LiveOptions {
-    pub pids: Vec<u32>,
     pub kernel: KernelOptions,
     /// Drain period: records wait at most this long in the ring buffer.
     pub poll_interval: Duration,
     /// Stop after this long (None: until Ctrl-C / SIGTERM or the processes exit).
     pub duration: Option<Duration>,
-    /// What discovery found about the engine, kept in recordings.
-    pub engine_version: Option<String>,
-    pub served_model: Option<String>,
-    pub engine: Option<crate::discover::engine::Engine>,
+    /// The servers to trace (their pids and what discovery found of them, kept in
+    /// recordings).
+    pub targets: Vec<Target>,
 }
 
 /// What a session saw, printed when it ends.
@@ -168,7 +166,8 @@ pub async fn run_live(
     record: Option<&Path>,
     mut sink: impl FnMut(&[Decoded], &Summary),
 ) -> anyhow::Result<Summary> {
-    let (mut live, initial) = LiveCapture::attach(&options.pids, &options.kernel)?;
+    let pids: Vec<u32> = options.targets.iter().map(|t| t.pid).collect();
+    let (mut live, initial) = LiveCapture::attach(&pids, &options.kernel)?;
     let traced: Vec<String> = initial
         .iter()
         .filter_map(|e| match e {
@@ -188,7 +187,7 @@ pub async fn run_live(
                 kernel: system::kernel_release(),
                 agent_version: env!("CARGO_PKG_VERSION").into(),
                 realtime_minus_monotonic_ns: realtime_minus_monotonic_ns(),
-                pids: options.pids.clone(),
+                pids: pids.clone(),
                 processes: initial
                     .iter()
                     .filter_map(|e| match e {
@@ -196,9 +195,10 @@ pub async fn run_live(
                         _ => None,
                     })
                     .collect(),
-                engine_version: options.engine_version.clone(),
-                served_model: options.served_model.clone(),
-                engine: options.engine.clone(),
+                targets: options.targets.clone(),
+                engine_version: None,
+                served_model: None,
+                engine: None,
             };
             let file =
                 File::create(path).with_context(|| format!("creating {}", path.display()))?;
@@ -256,7 +256,7 @@ pub async fn run_live(
         }
         if !stop && checked_exit.elapsed() >= EXIT_CHECK {
             checked_exit = Instant::now();
-            if options.pids.iter().all(|&pid| !procfs::is_running(pid)) {
+            if pids.iter().all(|&pid| !procfs::is_running(pid)) {
                 tracing::info!("all attached processes have exited");
                 stop = true;
             }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use infertrace::{
     decode::{flows::Decoded, pickle::loads},
-    discover::engine::Engine,
+    discover::engine::{Engine, Target},
     engines::sglang::wire::{OutputStage, RidOutput, SglangDecoder, SglangMessage, SglangRequest},
     export::jsonl::Jsonl,
     pipeline::{Pipeline, PipelineOptions},
@@ -243,13 +243,17 @@ fn replay_to_jsonl(name: &str, out: &std::path::Path, sglang_trace_level: u8) {
             Ok(Pipeline::new(
                 PipelineOptions {
                     spans: SpanOptions {
-                        default_model: Some("tiny".into()),
                         sglang_trace_level,
                         ..SpanOptions::default()
                     },
                     metrics_interval_ns: 10_000_000_000,
-                    vllm_version: None,
-                    engine: Some(Engine::Sglang),
+                    targets: vec![Target {
+                        pid: header.pids[0],
+                        engine: Some(Engine::Sglang),
+                        version: None,
+                        served_model: Some("tiny".into()),
+                    }],
+                    host: header.host.clone(),
                     profile_output: None,
                 },
                 Clock::fixed(header.realtime_minus_monotonic_ns),

@@ -145,6 +145,8 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
     };
 
     use infertrace::{
+        discover::engine::Target,
+        engines::vllm::VllmInstance,
         export::jsonl::Jsonl,
         pipeline::{Pipeline, PipelineOptions},
         telemetry::{Clock, SpanOptions, metrics::Registry},
@@ -162,12 +164,16 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
                     spans: SpanOptions {
                         granularity: 2,
                         capture_content: true,
-                        default_model: None,
                         ..SpanOptions::default()
                     },
                     metrics_interval_ns: 10_000_000_000,
-                    vllm_version: Some("0.32.0+cpu".into()),
-                    engine: None,
+                    targets: vec![Target {
+                        pid: header.pids[0],
+                        engine: None,
+                        version: Some("0.32.0+cpu".into()),
+                        served_model: None,
+                    }],
+                    host: header.host.clone(),
                     profile_output: None,
                 },
                 Clock::fixed(header.realtime_minus_monotonic_ns),
@@ -178,7 +184,13 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
         |_, _| {},
     )
     .expect("replay");
-    let stats = pipeline.expect("decoded messages").tracker_stats();
+    let pipeline = pipeline.expect("decoded messages");
+    let stats = pipeline
+        .instances()
+        .next()
+        .and_then(|i| i.as_any().downcast_ref::<VllmInstance>())
+        .expect("a vLLM instance")
+        .stats();
     assert_eq!(
         (stats.undecodable, stats.requests_without_add),
         (0, 0),

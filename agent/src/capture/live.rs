@@ -18,12 +18,17 @@ use super::{
     records,
     zmq_watch::{Libzmq, ZmqWatch},
 };
-use crate::discover::{
-    engine::{self, Engine, Role},
-    procfs,
-    sockets::{FdKind, SocketLookup},
+use crate::{
+    discover::{
+        engine::{self, Engine, Role},
+        procfs,
+        sockets::{FdKind, SocketLookup},
+    },
+    engines::{
+        self,
+        engine::{decoded_kind_of_non_engine, default_fd_action},
+    },
 };
-use infertrace_common::fd_action;
 
 /// Records read from the ring buffer before their /proc look-ups are done.
 const BATCH: usize = 1024;
@@ -259,62 +264,21 @@ impl LiveCapture {
     }
 }
 
-/// What is decoded of an fd of a process: the eventfds of an API server, of an SGLang
-/// scheduler and of SGLang's data-parallel controller are watched (libzmq's mailboxes: when a
-/// message was taken or handed over); vLLM's requests are rebuilt from the API
-/// server's side alone, so the sockets of its other processes (the EngineCore's copies of the
-/// same messages, the workers' wake-ups) are not copied at all: decoding them only to drop
-/// them was half the agent's CPU. SGLang's requests are rebuilt from its main process's and
-/// scheduler's sides, so its detokenizer's sockets (the middle copies of every output) are
-/// not copied either. An SGLang scheduler's stdout and stderr are read line by line: its
-/// statistics reports are written nowhere else. Unknown processes are decoded whole.
+/// What is decoded of an fd of a process: what its engine says (`engines/<engine>/mod.rs`:
+/// only the sides its tracker uses are copied, and its mailboxes and logs are read); a process
+/// that is not an engine's is decoded whole, its eventfds aside.
 fn decoded_kind(kind: FdKind, fd: u32, process: Option<&(Engine, Role)>) -> FdKind {
-    let api_server = process.is_some_and(|(_, role)| *role == Role::ApiServer);
-    // SGLang's scheduler polls its socket between forward passes: its mailbox reads time
-    // the requests it takes, its mailbox writes the outputs it sends.
-    let sglang_scheduler = process == Some(&(Engine::Sglang, Role::Scheduler));
-    // SGLang's DP controller passes each request on to a scheduler (its `dpc_dispatch`).
-    let sglang_dp_controller = process == Some(&(Engine::Sglang, Role::DataParallelController));
-    match (kind, process) {
-        (FdKind::Eventfd { .. }, _) => FdKind::Eventfd {
-            watched: api_server || sglang_scheduler || sglang_dp_controller,
-        },
-        // A terminal, pipe or file; or a socket (systemd hands services a unix socket).
-        (kind, _)
-            if sglang_scheduler
-                && STANDARD_OUTPUTS.contains(&fd)
-                && !matches!(kind, FdKind::Tcp { .. }) =>
-        {
-            FdKind::Log {
-                what: format!("fd {fd} of SGLang's scheduler (its log)"),
-            }
-        }
-        (kind, Some((Engine::Vllm, role))) if kind.capture() && !api_server => FdKind::Other {
-            what: format!("socket of vLLM's {role} (only the API server's side is decoded)"),
-        },
-        (kind, Some((Engine::Sglang, Role::Detokenizer))) if kind.capture() => FdKind::Other {
-            what: "socket of SGLang's detokenizer (main's and the scheduler's sides are decoded)"
-                .to_string(),
-        },
-        (kind, _) => kind,
+    match process {
+        Some((engine, role)) => engines::kind(engine).decoded_kind(role, kind, fd),
+        None => decoded_kind_of_non_engine(kind),
     }
 }
 
-/// stdout and stderr.
-const STANDARD_OUTPUTS: [u32; 2] = [1, 2];
-
-/// What the kernel does with an fd of that kind: an SGLang scheduler's mailboxes have their
-/// polls reported too (its loop's iterations: `engines::sglang::scheduler_loop`); nobody else's are
-/// (an asyncio loop checks its sockets' mailboxes thousands of times a second).
+/// What the kernel does with an fd of that kind: what the process's engine says.
 fn fd_decision(kind: &FdKind, process: Option<&(Engine, Role)>) -> u8 {
-    match kind {
-        FdKind::Eventfd { watched: true }
-            if process == Some(&(Engine::Sglang, Role::Scheduler)) =>
-        {
-            fd_action::CAPTURE_POLLS
-        }
-        kind if kind.capture() => fd_action::CAPTURE,
-        _ => fd_action::IGNORE,
+    match process {
+        Some((engine, role)) => engines::kind(engine).fd_action(role, kind),
+        None => default_fd_action(kind),
     }
 }
 
@@ -360,6 +324,7 @@ pub fn process_info(pid: u32) -> Option<ProcessInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use infertrace_common::fd_action;
 
     #[test]
     fn only_the_sides_the_trackers_use_are_decoded_and_only_their_eventfds_watched() {

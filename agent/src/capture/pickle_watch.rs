@@ -8,10 +8,9 @@ use super::{
     kernel::{KernelCapture, ProbedLibrary},
     library_watch::{LibraryWatch, Probed},
 };
-use crate::discover::{
-    engine::{self, Engine, Role},
-    pickle,
-    uprobe_sites::ProbeSite,
+use crate::{
+    discover::{engine, pickle, uprobe_sites::ProbeSite},
+    engines,
 };
 
 /// `off`: leave `pickle.dumps` alone (`--no-pickle-probe`).
@@ -31,18 +30,14 @@ impl Probed for CpythonPickle {
         self.off
     }
 
-    /// Only an SGLang main process or DP controller: elsewhere `pickle.dumps` marks nothing
-    /// the agent uses. A process that becomes main does so by exec (`sglang.launch_server`),
-    /// and is looked at again then; the processes main forks or spawns are its children by
-    /// their ancestry from the start, and the DP controller retitles itself first thing.
+    /// Only the processes whose engine says so (SGLang's main process and DP controller):
+    /// elsewhere `pickle.dumps` marks nothing the agent uses. A process that becomes main does
+    /// so by exec (`sglang.launch_server`), and is looked at again then; the processes main
+    /// forks or spawns are its children by their ancestry from the start, and the DP
+    /// controller retitles itself first thing.
     fn wanted(pid: u32) -> bool {
-        matches!(
-            engine::engine_role(pid),
-            Some((
-                Engine::Sglang,
-                Role::ApiServer | Role::DataParallelController
-            ))
-        )
+        engine::engine_role(pid)
+            .is_some_and(|(engine, role)| engines::kind(&engine).probes_pickle(&role))
     }
 
     fn find(pid: u32) -> Option<PathBuf> {

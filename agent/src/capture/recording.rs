@@ -10,7 +10,11 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{CaptureEvent, KernelCounters, ProcessInfo, records};
-use crate::discover::{python::CodeName, sockets::FdKind};
+use crate::discover::{
+    engine::{Engine, Target},
+    python::CodeName,
+    sockets::FdKind,
+};
 
 const MAGIC: &str = "INFERTRACE-RECORDING 1";
 const TAG_KERNEL: u8 = 1;
@@ -29,15 +33,42 @@ pub struct Header {
     pub realtime_minus_monotonic_ns: i128,
     pub pids: Vec<u32>,
     pub processes: Vec<ProcessInfo>,
-    /// The traced engine's installed version and served model name, when discovery found
-    /// them (absent in recordings made before they were stored).
-    #[serde(default)]
+    /// Each traced server as discovery found it (absent in recordings made before several
+    /// could be traced: see [`Header::targets`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<Target>,
+    /// Older recordings (one engine): its installed version, served model name and kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_version: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_model: Option<String>,
-    /// The traced engine (absent in older recordings: vLLM).
-    #[serde(default)]
-    pub engine: Option<crate::discover::engine::Engine>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Engine>,
+}
+
+impl Header {
+    /// The traced servers. An older recording kept one engine for all its pids (none: vLLM,
+    /// unless SGLang's process titles, `sglang::scheduler`, say otherwise).
+    pub fn targets(&self) -> Vec<Target> {
+        if !self.targets.is_empty() {
+            return self.targets.clone();
+        }
+        let engine = self.engine.clone().or_else(|| {
+            self.processes
+                .iter()
+                .any(|p| p.comm.starts_with("sglang::"))
+                .then_some(Engine::Sglang)
+        });
+        self.pids
+            .iter()
+            .map(|&pid| Target {
+                pid,
+                engine: engine.clone(),
+                version: self.engine_version.clone(),
+                served_model: self.served_model.clone(),
+            })
+            .collect()
+    }
 }
 
 /// Non-kernel events, as stored.
@@ -249,10 +280,38 @@ mod tests {
             realtime_minus_monotonic_ns: 42,
             pids: vec![1],
             processes: vec![],
-            engine_version: Some("0.32.0".into()),
+            targets: vec![Target {
+                pid: 1,
+                engine: Some(Engine::Vllm),
+                version: Some("0.32.0".into()),
+                served_model: None,
+            }],
+            engine_version: None,
             served_model: None,
             engine: None,
         }
+    }
+
+    #[test]
+    fn an_older_recording_kept_one_engine_for_its_pids() {
+        let old = Header {
+            pids: vec![1, 2],
+            targets: Vec::new(),
+            engine_version: Some("0.5.23".into()),
+            processes: vec![ProcessInfo {
+                pid: 3,
+                ppid: Some(1),
+                comm: "sglang::schedul".into(),
+                cmdline: Vec::new(),
+            }],
+            ..header()
+        };
+        let targets = old.targets();
+        assert_eq!(targets.len(), 2);
+        assert_eq!(targets[1].pid, 2);
+        assert_eq!(targets[1].engine, Some(Engine::Sglang));
+        assert_eq!(targets[1].version.as_deref(), Some("0.5.23"));
+        assert_eq!(header().targets(), header().targets);
     }
 
     #[test]

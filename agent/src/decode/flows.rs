@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use infertrace_common::{IoRecord, direction, io_flags};
 
 use super::{
-    cuda::{CudaDecoder, CudaEvent},
+    cuda::{CudaDecoder, CudaEvent, CudaName},
     http::{HttpConnection, HttpExchange},
     lines::LineSplitter,
     python::{PySample, PythonSamples},
@@ -158,6 +158,27 @@ impl Decoded {
                 | Decoded::Serializing(_)
                 | Decoded::Clock(_)
         )
+    }
+
+    /// The process the message or note is of (None: the wall clock's moves).
+    pub fn tgid(&self) -> Option<u32> {
+        match self {
+            Decoded::Http { tgid, .. } | Decoded::Zmtp { tgid, .. } => Some(*tgid),
+            Decoded::Wakeup(w) => Some(w.tgid),
+            Decoded::LoopWait(w) => Some(w.tgid),
+            Decoded::MailboxPoll(p) => Some(p.tgid),
+            Decoded::Process(p) => Some(p.pid),
+            Decoded::Cuda(CudaEvent::Step(step)) => Some(step.tgid),
+            Decoded::Cuda(CudaEvent::Name(
+                CudaName::Named { tgid, .. } | CudaName::Alias { tgid, .. },
+            )) => Some(*tgid),
+            Decoded::Cuda(CudaEvent::Exited { tgid, .. }) => Some(*tgid),
+            Decoded::PySample(sample) => Some(sample.tgid),
+            Decoded::Handover(h) => Some(h.tgid),
+            Decoded::Serializing(s) => Some(s.tgid),
+            Decoded::Log(log) => Some(log.tgid),
+            Decoded::Clock(_) => None,
+        }
     }
 
     /// When the message began (first byte of the request, or of the ZMTP message).

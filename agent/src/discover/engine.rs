@@ -105,6 +105,32 @@ pub struct EngineProcess {
     pub listening_ports: Vec<u16>,
 }
 
+/// One engine to trace, as attach was given it (its API server's or main process's pid) and
+/// what discovery found of it; also kept in recordings.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    pub pid: u32,
+    /// None: not a vLLM or SGLang process (traced as an OpenAI-compatible server).
+    pub engine: Option<Engine>,
+    pub version: Option<String>,
+    /// The served model name, else the model the server was launched with.
+    pub served_model: Option<String>,
+}
+
+impl Target {
+    /// What discovery finds of `pid` now (a process that is not an engine, or is gone, gives a
+    /// target without an engine).
+    pub fn discover(pid: u32) -> Self {
+        let found = identify(pid);
+        Self {
+            pid,
+            engine: found.as_ref().map(|f| f.engine.clone()),
+            version: found.as_ref().and_then(|f| f.version.clone()),
+            served_model: found.and_then(|f| f.served_model_name.or(f.model)),
+        }
+    }
+}
+
 /// Whether `pid` is a vLLM or SGLang process, and which. None if not (or gone). A thread id is
 /// answered for its process.
 pub fn identify(pid: u32) -> Option<EngineProcess> {

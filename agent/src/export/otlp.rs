@@ -247,9 +247,12 @@ fn register_instruments(
                 .into_iter()
                 .filter(|s| s.name == name)
                 .map(|s| {
+                    // The engine instance's identity rides on each point until each instance
+                    // exports under its own resource.
                     let attrs = s
                         .dimensions
                         .into_iter()
+                        .chain(s.resource)
                         .map(|(k, v)| KeyValue::new(k, v))
                         .collect();
                     (s.value, attrs)

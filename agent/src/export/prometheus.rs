@@ -34,9 +34,17 @@ pub fn render(registry: &Registry) -> String {
             }
         }
         out.push_str(sample.name);
-        if !sample.dimensions.is_empty() {
+        // The engine instance's identity first (`service.instance.id` as
+        // `service_instance_id`, as OpenTelemetry's Prometheus exporters name resource labels).
+        let resource = sample
+            .resource
+            .iter()
+            .map(|(k, v)| (k.replace('.', "_"), v));
+        let dimensions = sample.dimensions.iter().map(|(k, v)| (k.to_string(), v));
+        let labels: Vec<(String, &String)> = resource.chain(dimensions).collect();
+        if !labels.is_empty() {
             out.push('{');
-            for (i, (k, v)) in sample.dimensions.iter().enumerate() {
+            for (i, (k, v)) in labels.iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }

@@ -1,5 +1,10 @@
-//! The metrics registry: cumulative counters and last-value gauges, one series per metric name
-//! and set of dimension values. Exporters (Prometheus, OTLP, console) read snapshots of it.
+//! The metrics registry: cumulative counters and last-value gauges, one series per metric name,
+//! scope and set of dimension values. Exporters (Prometheus, OTLP, console) read snapshots of
+//! it.
+//!
+//! A scope is whose a series is: the agent's own (capture, CUDA, Python) or one engine
+//! instance's, whose identity attributes every one of its series carries, so that two engines
+//! of one kind (two vLLM servers with the same model) never add up into one series.
 use std::collections::BTreeMap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -25,6 +30,10 @@ pub type Dimensions = Vec<(&'static str, String)>;
 pub struct Sample {
     pub name: &'static str,
     pub kind: Kind,
+    /// The identity of the engine instance the series belongs to (`service.instance.id`, ...);
+    /// empty for the agent's own series.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub resource: BTreeMap<&'static str, String>,
     pub dimensions: BTreeMap<&'static str, String>,
     pub value: f64,
 }
@@ -33,19 +42,43 @@ pub struct Sample {
 /// are dropped and counted.
 const MAX_SERIES: usize = 10_000;
 
+/// Whose a series is: [`AGENT`], or an engine instance's scope from [`Registry::add_scope`].
+pub type Scope = u32;
+/// The agent's own series.
+pub const AGENT: Scope = 0;
+
 #[derive(Debug, Default)]
 pub struct Registry {
     defs: BTreeMap<&'static str, MetricDef>,
-    series: BTreeMap<(&'static str, Dimensions), f64>,
+    series: BTreeMap<(&'static str, Scope, Dimensions), f64>,
+    /// Each engine instance's identity attributes, by scope.
+    scopes: BTreeMap<Scope, Vec<(&'static str, String)>>,
+    /// The scope that series written now belong to.
+    scope: Scope,
     /// Updates lost to the series bound.
     pub dropped_updates: u64,
 }
 
 impl Registry {
+    /// A new scope for an engine instance, whose series carry `attributes`.
+    pub fn add_scope(&mut self, attributes: Vec<(&'static str, String)>) -> Scope {
+        let scope = self.scopes.keys().next_back().map_or(AGENT, |s| *s) + 1;
+        self.scopes.insert(scope, attributes);
+        scope
+    }
+
+    /// Run `f` with every series it writes put in `scope`.
+    pub fn in_scope<R>(&mut self, scope: Scope, f: impl FnOnce(&mut Registry) -> R) -> R {
+        let previous = std::mem::replace(&mut self.scope, scope);
+        let result = f(self);
+        self.scope = previous;
+        result
+    }
+
     fn slot(&mut self, def: &MetricDef, mut dims: Dimensions) -> Option<&mut f64> {
         self.defs.entry(def.name).or_insert(*def);
         dims.sort();
-        let key = (def.name, dims);
+        let key = (def.name, self.scope, dims);
         if !self.series.contains_key(&key) && self.series.len() >= MAX_SERIES {
             self.dropped_updates += 1;
             return None;
@@ -86,13 +119,18 @@ impl Registry {
         self.defs.get(name)
     }
 
-    /// Every series, by metric name then dimensions.
+    /// Every series, by metric name, scope, then dimensions.
     pub fn snapshot(&self) -> Vec<Sample> {
         self.series
             .iter()
-            .map(|((name, dims), value)| Sample {
+            .map(|((name, scope, dims), value)| Sample {
                 name,
                 kind: self.defs[name].kind,
+                resource: self
+                    .scopes
+                    .get(scope)
+                    .map(|attributes| attributes.iter().cloned().collect())
+                    .unwrap_or_default(),
                 dimensions: dims.iter().cloned().collect(),
                 value: *value,
             })
@@ -103,7 +141,7 @@ impl Registry {
     pub fn value(&self, name: &str, dims: &[(&str, &str)]) -> Option<f64> {
         self.series
             .iter()
-            .find(|((n, d), _)| {
+            .find(|((n, _, d), _)| {
                 *n == name
                     && d.len() == dims.len()
                     && dims
@@ -117,7 +155,7 @@ impl Registry {
     pub fn total(&self, name: &str) -> f64 {
         self.series
             .iter()
-            .filter(|((n, _), _)| *n == name)
+            .filter(|((n, _, _), _)| *n == name)
             .map(|(_, v)| v)
             .sum()
     }
@@ -163,6 +201,29 @@ mod tests {
         assert_eq!(r.value("c", &[]), Some(5.0));
         r.set_total(&C, vec![], 7.0);
         assert_eq!(r.value("c", &[]), Some(7.0));
+    }
+
+    #[test]
+    fn each_scope_keeps_its_own_series_and_carries_its_identity() {
+        let mut r = Registry::default();
+        let one = r.add_scope(vec![("service.instance.id", "host:1".into())]);
+        let two = r.add_scope(vec![("service.instance.id", "host:2".into())]);
+        r.in_scope(one, |r| r.add(&C, vec![("a", "1".into())], 2.0));
+        r.in_scope(two, |r| r.add(&C, vec![("a", "1".into())], 3.0));
+        r.set(&G, vec![], 1.0);
+        let samples = r.snapshot();
+        let c: Vec<_> = samples
+            .iter()
+            .filter(|s| s.name == "c")
+            .map(|s| (s.resource["service.instance.id"].as_str(), s.value))
+            .collect();
+        assert_eq!(c, [("host:1", 2.0), ("host:2", 3.0)]);
+        let g = samples.iter().find(|s| s.name == "g").expect("gauge");
+        assert!(
+            g.resource.is_empty(),
+            "the agent's own series has no identity"
+        );
+        assert_eq!(r.total("c"), 5.0);
     }
 
     #[test]

@@ -81,6 +81,22 @@ pub struct HandoffStats {
     pub at_send: u64,
 }
 
+impl std::ops::Add for HandoffStats {
+    type Output = Self;
+
+    /// Two servers' counts together (the summary's totals).
+    fn add(self, other: Self) -> Self {
+        Self {
+            taken_over: self.taken_over + other.taken_over,
+            next_iteration: self.next_iteration + other.next_iteration,
+            at_arrival: self.at_arrival + other.at_arrival,
+            handed_over: self.handed_over + other.handed_over,
+            send_probed: self.send_probed + other.send_probed,
+            at_send: self.at_send + other.at_send,
+        }
+    }
+}
+
 /// A message received, waiting to learn when the loop took it.
 #[derive(Clone, Copy, Debug)]
 struct Arrival {

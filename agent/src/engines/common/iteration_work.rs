@@ -11,18 +11,17 @@
 //! where their Python code was when sampled). The API server's samples are not the engine's:
 //! the processes that received the iteration's outputs are left out.
 //!
-//! With several vLLM engines (data parallel), the windows would have to be told apart by
-//! process: until that is done, iterations of a multi-engine deployment get no GPU or sample
-//! figures (none rather than another engine's). SGLang's batches are windows between its
-//! scheduler's consecutive outputs, and only that scheduler process's steps and samples count.
+//! Each traced server (engine instance) has its own, fed with its own processes' steps and
+//! samples only. With several vLLM engines in one server (data parallel), the windows would
+//! have to be told apart by process: until that is done, iterations of a multi-engine
+//! deployment get no GPU or sample figures (none rather than another engine's). SGLang's
+//! batches are windows between its scheduler's consecutive outputs, and only that scheduler
+//! process's steps and samples count. Each engine puts the figures on its own iterations
+//! (`engines/<engine>/mod.rs`).
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::well_known::SampleKind;
 use crate::decode::cuda::CudaStep;
-use crate::engines::{
-    sglang::tracker::SglangTrace,
-    vllm::tracker::{StepKind, VllmTrace},
-};
 
 /// Recent iterations, GPU steps and Python samples kept for the join (a request's iterations
 /// are looked up when it finishes, so this bounds how long a request can be and keep its
@@ -202,7 +201,7 @@ impl IterationWork {
 
     /// The samples in (`from_ns`, `to_ns`] of the processes `counted` accepts; None when
     /// there was none, or when part of the window was dropped.
-    fn samples_between(
+    pub fn samples_between(
         &self,
         from_ns: u64,
         to_ns: u64,
@@ -246,39 +245,6 @@ impl IterationWork {
         }
         out.cpu_launch_ns = first.zip(last).map(|(f, l)| l.saturating_sub(f));
         Some(out)
-    }
-
-    /// Put on a finished vLLM request's prefill and decode iterations what they launched and
-    /// where the engine's Python code was.
-    pub fn annotate(&self, trace: &mut VllmTrace) {
-        for engine in &mut trace.engine {
-            for step in &mut engine.steps {
-                if matches!(step.kind, StepKind::Prefill | StepKind::Decode) {
-                    step.gpu = self.launches(step.timestamp);
-                    step.python = self.samples(step.timestamp);
-                }
-            }
-        }
-    }
-
-    /// Put on a finished SGLang request's outputs what its scheduler launched since the
-    /// output before (SGLang's scheduler runs a batch's forward pass in its own process, and
-    /// sends the batch's outputs after it; its overlap scheduler, the default, launches the
-    /// next batch before it sends this one's outputs, so a window then holds that batch's
-    /// launches rather than this one's).
-    pub fn annotate_sglang(&self, trace: &mut SglangTrace) {
-        for engine in &mut trace.engine {
-            let Some(pid) = engine.scheduler_pid else {
-                continue;
-            };
-            let windows = || engine.scheduler_output_ns.windows(2);
-            engine.gpu_per_output = std::iter::once(None)
-                .chain(windows().map(|w| self.launches_between(w[0], w[1], Some(pid))))
-                .collect();
-            engine.python_per_output = std::iter::once(None)
-                .chain(windows().map(|w| self.samples_between(w[0], w[1], |p| p == pid)))
-                .collect();
-        }
     }
 }
 
