@@ -16,10 +16,9 @@ use crate::{
     routing::Owners,
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
-        metrics::{Registry, Scope},
+        metrics::{Registry, Resource, Scope},
         profile::Profile,
         python_samples,
-        span::Span,
     },
 };
 
@@ -48,10 +47,11 @@ pub struct PipelineStats {
     pub unrouted: u64,
 }
 
-/// One engine instance and its metrics scope.
+/// One engine instance, its metrics scope and its identity.
 struct Slot {
     instance: Box<dyn EngineInstance>,
     scope: Scope,
+    resource: Resource,
 }
 
 pub struct Pipeline {
@@ -108,15 +108,17 @@ impl Pipeline {
             default_model: target.served_model.clone(),
             ..self.span_options.clone()
         };
+        let identity = identity(&self.host, target);
         let scope = self
             .registry
             .lock()
             .expect("registry lock")
-            .add_scope(identity(&self.host, target));
+            .add_scope(identity.clone());
         self.owners.add_root(target.pid, self.instances.len());
         self.instances.push(Slot {
             instance: kind.instance(target, spans, self.clock.clone()),
             scope,
+            resource: identity.into_iter().collect(),
         });
     }
 
@@ -201,7 +203,11 @@ impl Pipeline {
             });
         }
         for spans in &traces {
-            self.export_spans(spans);
+            self.stats.traces += 1;
+            self.stats.spans += spans.len() as u64;
+            for exporter in &mut self.exporters {
+                exporter.spans(&self.instances[i].resource, spans);
+            }
         }
     }
 
@@ -306,14 +312,6 @@ impl Pipeline {
             for exporter in &mut self.exporters {
                 exporter.gpu_step(&report);
             }
-        }
-    }
-
-    fn export_spans(&mut self, spans: &[Span]) {
-        self.stats.traces += 1;
-        self.stats.spans += spans.len() as u64;
-        for exporter in &mut self.exporters {
-            exporter.spans(spans);
         }
     }
 }

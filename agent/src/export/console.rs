@@ -12,7 +12,7 @@ use super::Exporter;
 use crate::{
     decode::{cuda::CudaEvent, flows::Decoded, http::HttpExchange, zmtp::ZmtpMessage},
     telemetry::{
-        metrics::Sample,
+        metrics::{Resource, Sample},
         span::{AttrValue, Span},
     },
 };
@@ -143,7 +143,7 @@ fn time_of_day(line: &mut String, unix_ns: i128) {
 pub struct ConsoleExporter;
 
 impl Exporter for ConsoleExporter {
-    fn spans(&mut self, spans: &[Span]) {
+    fn spans(&mut self, _resource: &Resource, spans: &[Span]) {
         let text = request_lines(spans);
         if !text.is_empty() {
             let mut out = std::io::stdout().lock();

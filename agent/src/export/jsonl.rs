@@ -6,7 +6,11 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::Exporter;
-use crate::telemetry::{gpu::GpuStepReport, metrics::Sample, span::Span};
+use crate::telemetry::{
+    gpu::GpuStepReport,
+    metrics::{Resource, Sample},
+    span::Span,
+};
 
 pub struct Jsonl<W: Write> {
     out: W,
@@ -17,6 +21,9 @@ pub struct Jsonl<W: Write> {
 #[derive(Serialize)]
 struct SpanLine<'a> {
     r#type: &'static str,
+    /// The engine instance the span is of.
+    #[serde(skip_serializing_if = "Resource::is_empty")]
+    resource: &'a Resource,
     #[serde(flatten)]
     span: &'a Span,
 }
@@ -57,10 +64,11 @@ impl<W: Write> Jsonl<W> {
 }
 
 impl<W: Write> Exporter for Jsonl<W> {
-    fn spans(&mut self, spans: &[Span]) {
+    fn spans(&mut self, resource: &Resource, spans: &[Span]) {
         for span in spans {
             self.line(&SpanLine {
                 r#type: "span",
+                resource,
                 span,
             });
         }
@@ -108,7 +116,7 @@ mod tests {
             error: None,
         };
         let mut out = Jsonl::new(Vec::new());
-        out.spans(&[span]);
+        out.spans(&Resource::new(), &[span]);
         let text = String::from_utf8(out.out).unwrap();
         assert_eq!(
             text,

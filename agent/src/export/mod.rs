@@ -1,7 +1,11 @@
 //! Where spans and metrics go: the console (default), JSONL files, OTLP, Prometheus.
 //!
 //! Exporters never stop the pipeline: a failed write is logged and counted by the exporter.
-use crate::telemetry::{gpu::GpuStepReport, metrics::Sample, span::Span};
+use crate::telemetry::{
+    gpu::GpuStepReport,
+    metrics::{Resource, Sample},
+    span::Span,
+};
 
 pub mod console;
 pub mod jsonl;
@@ -9,8 +13,9 @@ pub mod otlp;
 pub mod prometheus;
 
 pub trait Exporter {
-    /// The spans of one request trace (parents first).
-    fn spans(&mut self, spans: &[Span]);
+    /// The spans of one request trace (parents first), of the engine instance `resource`
+    /// names.
+    fn spans(&mut self, resource: &Resource, spans: &[Span]);
     /// A snapshot of every metric series, taken at `unix_ns`.
     fn metrics(&mut self, samples: &[Sample], unix_ns: u64);
     /// One CUDA step of a traced thread (only outputs that list every step keep it).

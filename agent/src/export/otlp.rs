@@ -38,7 +38,7 @@ use opentelemetry_sdk::{
 
 use super::Exporter;
 use crate::telemetry::{
-    metrics::{Kind, MetricDef, Registry, Sample},
+    metrics::{self as registry, Kind, MetricDef, Registry, Sample},
     span::{AttrValue, Attributes, Span},
 };
 
@@ -441,7 +441,7 @@ pub fn span_data(span: &Span) -> SpanData {
 }
 
 impl Exporter for Otlp {
-    fn spans(&mut self, spans: &[Span]) {
+    fn spans(&mut self, _resource: &registry::Resource, spans: &[Span]) {
         match self.queue.try_send(Message::Spans(spans.to_vec())) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {

@@ -33,7 +33,7 @@ pub struct Sample {
     /// The identity of the engine instance the series belongs to (`service.instance.id`, ...);
     /// empty for the agent's own series.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub resource: BTreeMap<&'static str, String>,
+    pub resource: Resource,
     pub dimensions: BTreeMap<&'static str, String>,
     pub value: f64,
 }
@@ -41,6 +41,9 @@ pub struct Sample {
 /// Upper bound on series (a hostile stream could invent model names); beyond it new series
 /// are dropped and counted.
 const MAX_SERIES: usize = 10_000;
+
+/// An engine instance's identity attributes (`service.instance.id`, ...), by key.
+pub type Resource = BTreeMap<&'static str, String>;
 
 /// Whose a series is: [`AGENT`], or an engine instance's scope from [`Registry::add_scope`].
 pub type Scope = u32;
