@@ -1,9 +1,15 @@
 //! infertrace: rebuilds per-request spans and metrics of vLLM and SGLang from eBPF captures.
 //!
-//! Data flows through one module per stage (see DESIGN.md):
-//! [`capture`] (kernel records, /proc answers, record/replay) -> [`discover`] (which processes
-//! and sockets) -> [`decode`] (bytes to HTTP / ZMTP messages) -> [`export`] (console).
-//! [`session`] wires the stages together for `attach`, `record` and `replay`.
+//! Data flows through one module per stage, in this order: [`capture`] (kernel records, /proc
+//! answers, record/replay) -> [`decode`] (one flow per (process, fd): HTTP, SSE, ZMTP, CUDA
+//! steps, Python samples, log lines) -> [`pipeline`] and [`routing`] (each message to the engine
+//! instance whose process tree it came from) -> [`engines`] (one folder per engine: wire format,
+//! request tracking, spans, metrics, losses) -> [`telemetry`] (span model, clock, metrics
+//! registry) -> [`export`] (console, JSONL, OTLP, Prometheus).
+//!
+//! [`session`] wires the stages together for `attach`, `record` and `replay`; [`discover`] finds
+//! the engine processes, their roles and what to probe; [`doctor`] checks the host.
+//! `docs/architecture.md` follows a byte through every stage.
 pub mod capture;
 pub mod decode;
 pub mod discover;

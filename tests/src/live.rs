@@ -113,7 +113,8 @@ pub fn post(port: u16, path: &str, body: &str) -> String {
 #[derive(Default)]
 pub struct Cleanup {
     pub children: Vec<Child>,
-    engine: Option<(EngineKind, u16)>,
+    /// The engines this test started, each on its port.
+    engines: Vec<(EngineKind, u16)>,
     /// Held while this test owns an engine: the tests of one binary share its fixed port and
     /// the machine's cores, so they take turns even under cargo's default parallel threads.
     /// Released after `drop` has stopped the engine (fields drop after the body).
@@ -128,7 +129,7 @@ impl Drop for Cleanup {
             let _ = c.kill();
             let _ = c.wait();
         }
-        if let Some((kind, port)) = self.engine {
+        for (kind, port) in &self.engines {
             let _ = kind.xtask(&["stop", "--port", &port.to_string()], &[]);
         }
     }
@@ -151,7 +152,7 @@ impl Cleanup {
         let port_arg = port.to_string();
         let stopped = kind.xtask(&["stop", "--port", &port_arg], &[]);
         assert!(stopped.is_ok_and(|s| s.success()), "stopping {kind:?}");
-        self.engine = Some((kind, port));
+        self.engines.push((kind, port));
         let mut all = vec!["start", "--port", &port_arg, "--"];
         all.extend_from_slice(args);
         let started = kind.xtask(&all, envs);
@@ -175,19 +176,19 @@ pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Child {
 
 /// [`attach`] with `extra` arguments.
 pub fn attach_with(pid: &str, ours: &Path, prom_port: u16, extra: &[&str]) -> Child {
+    attach_to(&[pid], ours, prom_port, extra)
+}
+
+/// [`attach_with`] to several servers at once (one `--pid` each).
+pub fn attach_to(pids: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> Child {
     // Why a request's SGLang loop view was left out, should a test fail on it.
     let log = std::env::var("INFERTRACE_LOG")
         .unwrap_or_else(|_| "info,infertrace::engines::sglang::scheduler_loop=debug".into());
     let agent = Command::new(infertrace_bin())
         .env("INFERTRACE_LOG", log)
-        .args([
-            "attach",
-            "--pid",
-            pid,
-            "--metrics-interval",
-            "1",
-            "--output",
-        ])
+        .arg("attach")
+        .args(pids.iter().flat_map(|pid| ["--pid", pid]))
+        .args(["--metrics-interval", "1", "--output"])
         .arg(format!("jsonl:{}", ours.display()))
         .arg("--profile-output")
         .arg(profile_of(ours))
@@ -354,5 +355,60 @@ pub fn otlp_receiver(cleanup: &mut Cleanup, out: &Path) -> OtlpReceiver {
     OtlpReceiver {
         grpc_port: grpc,
         http_port: http,
+    }
+}
+
+/// The lines of an agent's JSONL `ours` that are of the server whose pid is `pid` (its spans,
+/// and in each metrics snapshot its own series and the agent's), written to `out`: what the
+/// agent would have written had it traced that server alone.
+pub fn only_instance(ours: &Path, pid: &str, out: &Path) {
+    let of_pid = |resource: &serde_json::Value| {
+        resource["service.instance.id"]
+            .as_str()
+            .is_none_or(|id| id.rsplit(':').next() == Some(pid))
+    };
+    let mut kept = String::new();
+    for line in std::fs::read_to_string(ours)
+        .expect("reading the agent's JSONL")
+        .lines()
+    {
+        let Ok(mut value) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        match value["type"].as_str() {
+            Some("span") if !of_pid(&value["resource"]) => continue,
+            Some("metrics") => {
+                if let Some(samples) = value["samples"].as_array_mut() {
+                    samples.retain(|s| of_pid(&s["resource"]));
+                }
+            }
+            _ => {}
+        }
+        kept.push_str(&value.to_string());
+        kept.push('\n');
+    }
+    std::fs::write(out, kept).expect("writing one server's lines");
+}
+
+/// Wait until the server on `port` has nothing running or queued (each of `gauges` reads 0 on
+/// its /metrics), so that every request the client started has ended in the engine before
+/// the agent stops; panics after two minutes.
+pub fn wait_until_idle(port: u16, gauges: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let metrics = get(port, "/metrics");
+        let busy: Vec<&str> = metrics
+            .lines()
+            .filter(|l| gauges.iter().any(|g| l.starts_with(&format!("{g}{{"))))
+            .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) != Some(0.0))
+            .collect();
+        if busy.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "port {port} still busy after 120 s: {busy:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 }

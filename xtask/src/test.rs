@@ -1,9 +1,11 @@
 //! `cargo xtask test`: everything CI checks, in the order that fails fastest.
 //!
 //! Installs what the tests need (a Python venv with pyzmq for the fixture processes, and
-//! cargo-fuzz for the fuzz smoke runs), then: eBPF object freshness, rustfmt, clippy, unit and
-//! root integration tests (real kernel, real processes), and each fuzz target for a fixed time.
-use std::{path::Path, process::Command};
+//! cargo-fuzz for the fuzz smoke runs), then: eBPF object freshness, rustfmt, clippy (every
+//! tier's code), the test tiers one after the other, each printing its wall time (plain: unit
+//! and replay tests; root: the real kernel paths; engines: the real vLLM and SGLang), and each
+//! fuzz target for a fixed time.
+use std::{path::Path, process::Command, time::Instant};
 
 use anyhow::{Context as _, bail};
 
@@ -37,17 +39,69 @@ pub fn test(skip_fuzz: bool) -> anyhow::Result<()> {
         .args(["fmt", "--all", "--check"])
         .current_dir(&root))?;
     run(Command::new("cargo")
-        .args(["clippy", "--all-targets", "--", "-D", "warnings"])
+        .args(["clippy", "--all-targets", "--features", ALL_TIERS])
+        .args(["--", "-D", "warnings"])
         .current_dir(&root))?;
-    run(Command::new("cargo")
-        .args(["test", "--", "--test-threads=1"])
-        .env("INFERTRACE_TEST_PYTHON", &python)
-        .current_dir(&root))?;
+    for (tier, features) in TIERS {
+        let started = Instant::now();
+        let mut cargo = Command::new("cargo");
+        cargo.arg("test");
+        if let Some(feature) = features {
+            // The tier's own tests only: those its feature builds.
+            cargo.args(["-p", "infertrace-tests", "--features", feature]);
+            for test in tier_tests(&root, feature)? {
+                cargo.args(["--test", &test]);
+            }
+        }
+        run(cargo
+            .args(["--", "--test-threads=1"])
+            .env("INFERTRACE_TEST_PYTHON", &python)
+            .current_dir(&root))?;
+        println!(
+            "tier {tier}: passed in {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
     if !skip_fuzz {
         fuzz(&root)?;
     }
     println!("all checks passed");
     Ok(())
+}
+
+/// The test tiers in the order they run, and the feature of `tests/Cargo.toml` that builds
+/// each (none: plain `cargo test`, the unit and replay tests).
+const TIERS: [(&str, Option<&str>); 3] = [
+    ("plain (unit and replay tests)", None),
+    ("root (real kernel paths)", Some("root")),
+    ("engines (real vLLM and SGLang)", Some("engines")),
+];
+const ALL_TIERS: &str = "infertrace-tests/root,infertrace-tests/engines";
+
+/// The integration tests `tests/Cargo.toml` builds only with `feature`.
+fn tier_tests(root: &Path, feature: &str) -> anyhow::Result<Vec<String>> {
+    let manifest = std::fs::read_to_string(root.join("tests/Cargo.toml"))?;
+    let tests = tests_requiring(&manifest, feature);
+    if tests.is_empty() {
+        bail!("tests/Cargo.toml lists no test for the {feature} tier");
+    }
+    Ok(tests)
+}
+
+/// The `[[test]]` names of a manifest whose `required-features` are `[feature]`.
+fn tests_requiring(manifest: &str, feature: &str) -> Vec<String> {
+    let wanted = format!("required-features = [\"{feature}\"]");
+    manifest
+        .split("[[test]]")
+        .skip(1)
+        .filter(|section| section.lines().any(|l| l.trim() == wanted))
+        .filter_map(|section| {
+            let name = section
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("name = "))?;
+            Some(name.trim_matches('"').to_owned())
+        })
+        .collect()
 }
 
 /// target/test-venv, made once: pyzmq for the ZeroMQ fixture processes, grpcio and
@@ -112,4 +166,29 @@ fn fuzz(root: &Path) -> anyhow::Result<()> {
 unsafe extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_integration_test_is_in_a_tier() {
+        let root = crate::root();
+        let manifest = std::fs::read_to_string(root.join("tests/Cargo.toml")).unwrap();
+        let gated: Vec<String> = ["root", "engines"]
+            .iter()
+            .flat_map(|f| tests_requiring(&manifest, f))
+            .collect();
+        let plain = ["replay_vllm", "replay_sglang", "cuda_discovery"];
+        for entry in std::fs::read_dir(root.join("tests/tests")).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            assert!(
+                gated.contains(&name) || plain.contains(&name.as_str()),
+                "tests/tests/{name}.rs: in no tier (add it to tests/Cargo.toml or here)"
+            );
+        }
+        assert!(gated.contains(&"e2e_multi".to_owned()));
+    }
 }

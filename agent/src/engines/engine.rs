@@ -1,5 +1,5 @@
 //! The engine interface. An engine *kind* (vLLM, SGLang: one folder each, listed once in
-//! [`super::KINDS`]) says which of its processes' fds the capture copies and what probes its
+//! [`super::kind`]) says which of its processes' fds the capture copies and what probes its
 //! processes need, and starts *instances*. An instance is one traced server (one attach
 //! target): it owns everything of that server's requests (its wire decoding, request
 //! tracking, spans, metrics, loss counters and its part of the summary), so that any mix of
