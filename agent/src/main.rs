@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use infertrace::{
     capture::{cuda_watch::CudaOptions, kernel::KernelOptions, python_watch::PythonOptions},
-    discover::engine::{self, Engine, Target},
+    discover::engine::{self, Target},
     doctor, engines,
     export::{
         Exporter,
@@ -214,24 +214,22 @@ impl OutputArgs {
                 env!("CARGO_PKG_VERSION").to_owned(),
             ),
         ];
-        let engine = |t: &Target| t.engine.clone().unwrap_or(Engine::Vllm);
-        let one_engine = targets
-            .split_first()
-            .filter(|(first, rest)| rest.iter().all(|t| engine(t) == engine(first)))
-            .map(|(first, _)| first);
-        if let Some(v) = one_engine.and_then(|t| t.version.as_deref())
-            && targets.iter().all(|t| t.version.as_deref() == Some(v))
+        // As the engine's own tracing names itself (vLLM's and SGLang's default); servers of
+        // several engines are told apart by their metrics' service.instance.id.
+        let package = shared(targets.iter().map(|t| {
+            engines::kind_or_default(t.engine.as_ref())
+                .engine()
+                .package()
+        }));
+        if package.is_some()
+            && let Some(Some(v)) = shared(targets.iter().map(|t| t.version.as_deref()))
         {
             resource.push(("service.version".to_owned(), v.to_owned()));
         }
         Ok(Some(OtlpOptions {
             endpoint: self.otlp_endpoint.clone(),
             protocol,
-            // As the engine's own tracing names itself (vLLM's and SGLang's default); servers
-            // of several engines are told apart by their metrics' service.instance.id.
-            service_name: one_engine
-                .map_or("infertrace", |t| engine(t).package())
-                .to_owned(),
+            service_name: package.unwrap_or("infertrace").to_owned(),
             resource,
         }))
     }
@@ -473,6 +471,12 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<Pipeline>
         results(&pipeline)
     );
     Ok(pipeline)
+}
+
+/// The value every item has, when they all have the same one.
+fn shared<T: PartialEq>(mut values: impl Iterator<Item = T>) -> Option<T> {
+    let first = values.next()?;
+    values.all(|v| v == first).then_some(first)
 }
 
 /// The metrics of the targets' engines (each kind's once), for exporters that declare their

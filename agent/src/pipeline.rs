@@ -9,7 +9,7 @@ use crate::{
     discover::engine::Target,
     engines::{
         self,
-        common::{gpu::GpuTimeline, handoff::HandoffStats},
+        common::{gpu::GpuTimeline, handoff::HandoffStats, instance::InstanceCore},
         engine::{EngineInstance, Output},
     },
     export::Exporter,
@@ -104,10 +104,6 @@ impl Pipeline {
     /// identity.
     pub fn add(&mut self, target: &Target) {
         let kind = engines::kind_or_default(target.engine.as_ref());
-        let spans = SpanOptions {
-            default_model: target.served_model.clone(),
-            ..self.span_options.clone()
-        };
         let identity = identity(&self.host, target);
         let scope = self
             .registry
@@ -116,9 +112,13 @@ impl Pipeline {
             .add_scope(identity.clone());
         self.owners.add_root(target.pid, self.instances.len());
         self.instances.push(Slot {
-            instance: kind.instance(target, spans, self.clock.clone()),
+            instance: kind.instance(InstanceCore::new(
+                target,
+                &self.span_options,
+                self.clock.clone(),
+            )),
             scope,
-            resource: identity.into_iter().collect(),
+            resource: identity,
         });
     }
 
@@ -151,6 +151,8 @@ impl Pipeline {
                     .wall_clock_moved(moved.monotonic_ns, moved.realtime_minus_monotonic_ns);
                 for slot in &mut self.instances {
                     slot.instance
+                        .core_mut()
+                        .clock
                         .wall_clock_moved(moved.monotonic_ns, moved.realtime_minus_monotonic_ns);
                 }
             }
@@ -288,7 +290,7 @@ impl Pipeline {
                         kind,
                     );
                     if let Some(i) = self.owner(decoded) {
-                        self.instances[i].instance.iteration_work().python_sample(
+                        self.instances[i].instance.core_mut().work.python_sample(
                             sample.ns,
                             sample.tgid,
                             kind,
@@ -304,7 +306,8 @@ impl Pipeline {
             if let Some(i) = self.owner(decoded) {
                 self.instances[i]
                     .instance
-                    .iteration_work()
+                    .core_mut()
+                    .work
                     .gpu_step(&step.step);
             }
             gpu::step(&mut self.registry.lock().expect("registry lock"), &step);
@@ -318,6 +321,6 @@ impl Pipeline {
 
 /// What an instance's metrics carry so that two servers never share a series: the
 /// OpenTelemetry `service.instance.id` (host and pid, unique while the server runs).
-fn identity(host: &str, target: &Target) -> Vec<(&'static str, String)> {
-    vec![("service.instance.id", format!("{host}:{}", target.pid))]
+fn identity(host: &str, target: &Target) -> Resource {
+    [("service.instance.id", format!("{host}:{}", target.pid))].into()
 }

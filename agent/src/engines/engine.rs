@@ -13,12 +13,11 @@ use std::any::Any;
 use crate::{
     decode::flows::Decoded,
     discover::{
-        engine::{Engine, Role, Target},
+        engine::{Engine, Role},
         sockets::FdKind,
     },
-    engines::common::{handoff::HandoffStats, iteration_work::IterationWork},
+    engines::common::{handoff::HandoffStats, instance::InstanceCore},
     telemetry::{
-        Clock, SpanOptions,
         metrics::{MetricDef, Registry},
         span::Span,
     },
@@ -49,14 +48,8 @@ pub trait EngineKind: Sync {
         false
     }
 
-    /// An instance for one server: `spans` with the target's model as the default, and the
-    /// session's clock as it is now.
-    fn instance(
-        &self,
-        target: &Target,
-        spans: SpanOptions,
-        clock: Clock,
-    ) -> Box<dyn EngineInstance>;
+    /// An instance for one server, around what every instance holds.
+    fn instance(&self, core: InstanceCore) -> Box<dyn EngineInstance>;
 }
 
 /// What the kernel does with an fd of that kind, unless an engine says otherwise: copy what is
@@ -87,8 +80,9 @@ pub struct Output<'a> {
 
 /// One traced server.
 pub trait EngineInstance {
-    /// What it was started for.
-    fn target(&self) -> &Target;
+    /// What every instance holds (the server, its clock, its iterations' work).
+    fn core(&self) -> &InstanceCore;
+    fn core_mut(&mut self) -> &mut InstanceCore;
 
     /// Messages of its processes, in time order.
     fn handle(&mut self, batch: &[&Decoded], out: &mut Output);
@@ -98,12 +92,6 @@ pub trait EngineInstance {
 
     /// The end of the session: report everything still held.
     fn finish(&mut self, out: &mut Output);
-
-    /// The wall clock moved against the capture clock.
-    fn wall_clock_moved(&mut self, monotonic_ns: u64, realtime_minus_monotonic_ns: i128);
-
-    /// The CUDA steps and Python samples of its processes, joined to its iterations.
-    fn iteration_work(&mut self) -> &mut IterationWork;
 
     /// Its loss counters and hand-over counts, into `registry` (in the instance's scope).
     fn counters(&self, registry: &mut Registry);

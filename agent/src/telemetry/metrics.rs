@@ -55,7 +55,7 @@ pub struct Registry {
     defs: BTreeMap<&'static str, MetricDef>,
     series: BTreeMap<(&'static str, Scope, Dimensions), f64>,
     /// Each engine instance's identity attributes, by scope.
-    scopes: BTreeMap<Scope, Vec<(&'static str, String)>>,
+    scopes: BTreeMap<Scope, Resource>,
     /// The scope that series written now belong to.
     scope: Scope,
     /// Updates lost to the series bound.
@@ -64,7 +64,7 @@ pub struct Registry {
 
 impl Registry {
     /// A new scope for an engine instance, whose series carry `attributes`.
-    pub fn add_scope(&mut self, attributes: Vec<(&'static str, String)>) -> Scope {
+    pub fn add_scope(&mut self, attributes: Resource) -> Scope {
         let scope = self.scopes.keys().next_back().map_or(AGENT, |s| *s) + 1;
         self.scopes.insert(scope, attributes);
         scope
@@ -129,11 +129,7 @@ impl Registry {
             .map(|((name, scope, dims), value)| Sample {
                 name,
                 kind: self.defs[name].kind,
-                resource: self
-                    .scopes
-                    .get(scope)
-                    .map(|attributes| attributes.iter().cloned().collect())
-                    .unwrap_or_default(),
+                resource: self.scopes.get(scope).cloned().unwrap_or_default(),
                 dimensions: dims.iter().cloned().collect(),
                 value: *value,
             })
@@ -209,8 +205,8 @@ mod tests {
     #[test]
     fn each_scope_keeps_its_own_series_and_carries_its_identity() {
         let mut r = Registry::default();
-        let one = r.add_scope(vec![("service.instance.id", "host:1".into())]);
-        let two = r.add_scope(vec![("service.instance.id", "host:2".into())]);
+        let one = r.add_scope([("service.instance.id", "host:1".into())].into());
+        let two = r.add_scope([("service.instance.id", "host:2".into())].into());
         r.in_scope(one, |r| r.add(&C, vec![("a", "1".into())], 2.0));
         r.in_scope(two, |r| r.add(&C, vec![("a", "1".into())], 3.0));
         r.set(&G, vec![], 1.0);

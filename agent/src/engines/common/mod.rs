@@ -4,6 +4,7 @@
 pub mod gpu;
 pub mod handoff;
 pub mod in_flight;
+pub mod instance;
 pub mod iteration_work;
 pub mod join;
 pub mod pd_role;

@@ -19,17 +19,16 @@ use tracker::{SglangStats, SglangTrace, SglangTracker};
 use crate::{
     decode::flows::Decoded,
     discover::{
-        engine::{Engine, Role, Target},
+        engine::{Engine, Role},
         sockets::FdKind,
     },
     engines::{
-        common::{handoff::HandoffStats, iteration_work::IterationWork},
+        common::{handoff::HandoffStats, instance::InstanceCore, iteration_work::IterationWork},
         engine::{EngineInstance, EngineKind, Output, default_fd_action},
     },
     telemetry::{
-        Clock, SpanOptions, agent_metrics,
+        agent_metrics,
         metrics::{MetricDef, Registry},
-        span::IdGenerator,
     },
 };
 use infertrace_common::fd_action;
@@ -99,42 +98,28 @@ impl EngineKind for Sglang {
         matches!(role, Role::ApiServer | Role::DataParallelController)
     }
 
-    fn instance(
-        &self,
-        target: &Target,
-        spans: SpanOptions,
-        clock: Clock,
-    ) -> Box<dyn EngineInstance> {
+    fn instance(&self, core: InstanceCore) -> Box<dyn EngineInstance> {
         tracing::info!(
             "SGLang (pid {}): entry, request, thread and stage spans, retract events, the \
              request metrics, and the scheduler's snapshot counters from its log (when it logs \
              at info level)",
-            target.pid
+            core.target.pid
         );
         Box::new(SglangInstance {
-            target: target.clone(),
             tracker: SglangTracker::default(),
             metrics: metrics::SglangMetrics {
-                model_name: spans.default_model.clone(),
+                model_name: core.spans.default_model.clone(),
             },
-            work: IterationWork::default(),
-            spans,
-            clock,
-            ids: IdGenerator::default(),
+            core,
         })
     }
 }
 
 /// One traced SGLang server.
 pub struct SglangInstance {
-    target: Target,
+    core: InstanceCore,
     tracker: SglangTracker,
     metrics: metrics::SglangMetrics,
-    /// Its processes' CUDA steps and Python samples.
-    work: IterationWork,
-    spans: SpanOptions,
-    clock: Clock,
-    ids: IdGenerator,
 }
 
 impl SglangInstance {
@@ -146,12 +131,13 @@ impl SglangInstance {
     /// Finished requests to the metrics and their spans.
     fn emit(&mut self, mut traces: Vec<SglangTrace>, out: &mut Output) {
         for trace in &mut traces {
-            annotate(&self.work, trace);
-            self.metrics.request(out.registry, trace, &self.clock);
+            annotate(&self.core.work, trace);
+            self.metrics.request(out.registry, trace, &self.core.clock);
         }
+        let c = &mut self.core;
         for trace in &traces {
             out.traces
-                .push(spans::spans(trace, &self.spans, &self.clock, &mut self.ids));
+                .push(spans::spans(trace, &c.spans, &c.clock, &mut c.ids));
         }
     }
 
@@ -191,8 +177,12 @@ fn annotate(work: &IterationWork, trace: &mut SglangTrace) {
 }
 
 impl EngineInstance for SglangInstance {
-    fn target(&self) -> &Target {
-        &self.target
+    fn core(&self) -> &InstanceCore {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut InstanceCore {
+        &mut self.core
     }
 
     fn handle(&mut self, batch: &[&Decoded], out: &mut Output) {
@@ -212,15 +202,6 @@ impl EngineInstance for SglangInstance {
     fn finish(&mut self, out: &mut Output) {
         let traces = self.tracker.finish();
         self.emit(traces, out);
-    }
-
-    fn wall_clock_moved(&mut self, monotonic_ns: u64, realtime_minus_monotonic_ns: i128) {
-        self.clock
-            .wall_clock_moved(monotonic_ns, realtime_minus_monotonic_ns);
-    }
-
-    fn iteration_work(&mut self) -> &mut IterationWork {
-        &mut self.work
     }
 
     fn counters(&self, registry: &mut Registry) {
@@ -243,7 +224,7 @@ impl EngineInstance for SglangInstance {
              batches placed for {} requests ({} left out: not shown whole by the loop), \
              dispatch start seen for {} requests ({} without: main's serialization not probed \
              or not certain)",
-            self.target.pid,
+            self.core.target.pid,
             g.requests,
             g.outputs,
             g.undecodable,

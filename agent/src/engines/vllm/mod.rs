@@ -15,17 +15,16 @@ use wire::{SCHEMAS, VllmDecoder, schema_for_version};
 use crate::{
     decode::flows::Decoded,
     discover::{
-        engine::{Engine, Role, Target},
+        engine::{Engine, Role},
         sockets::FdKind,
     },
     engines::{
-        common::{handoff::HandoffStats, iteration_work::IterationWork},
+        common::{handoff::HandoffStats, instance::InstanceCore, iteration_work::IterationWork},
         engine::{EngineInstance, EngineKind, Output},
     },
     telemetry::{
-        Clock, SpanOptions, agent_metrics,
+        agent_metrics,
         metrics::{MetricDef, Registry},
-        span::IdGenerator,
     },
 };
 
@@ -57,22 +56,13 @@ impl EngineKind for Vllm {
         }
     }
 
-    fn instance(
-        &self,
-        target: &Target,
-        spans: SpanOptions,
-        clock: Clock,
-    ) -> Box<dyn EngineInstance> {
+    fn instance(&self, core: InstanceCore) -> Box<dyn EngineInstance> {
         Box::new(VllmInstance {
-            target: target.clone(),
-            tracker: VllmTracker::new(decoder_for(target.version.as_deref())),
+            tracker: VllmTracker::new(decoder_for(core.target.version.as_deref())),
             metrics: metrics::VllmMetrics {
-                model_name: spans.default_model.clone(),
+                model_name: core.spans.default_model.clone(),
             },
-            work: IterationWork::default(),
-            spans,
-            clock,
-            ids: IdGenerator::default(),
+            core,
             events: Vec::new(),
         })
     }
@@ -109,14 +99,9 @@ fn decoder_for(version: Option<&str>) -> VllmDecoder {
 /// One traced vLLM server (also any OpenAI-compatible server that is not an engine: its API
 /// calls make entry spans).
 pub struct VllmInstance {
-    target: Target,
+    core: InstanceCore,
     tracker: VllmTracker,
     metrics: metrics::VllmMetrics,
-    /// Its processes' CUDA steps and Python samples, by iteration.
-    work: IterationWork,
-    spans: SpanOptions,
-    clock: Clock,
-    ids: IdGenerator,
     /// Reused between calls.
     events: Vec<VllmEvent>,
 }
@@ -135,21 +120,23 @@ impl VllmInstance {
             match event {
                 VllmEvent::Step(step) => {
                     if step.iteration {
-                        self.work
+                        self.core
+                            .work
                             .iteration(step.engine_index, step.timestamp, step.frontend);
                     }
                     self.metrics.step(out.registry, &step);
                 }
                 VllmEvent::Request(mut trace) => {
-                    annotate(&self.work, &mut trace);
-                    self.metrics.request(out.registry, &trace, &self.clock);
+                    annotate(&self.core.work, &mut trace);
+                    self.metrics.request(out.registry, &trace, &self.core.clock);
                     traces.push(trace);
                 }
             }
         }
+        let c = &mut self.core;
         for trace in &traces {
             out.traces
-                .push(spans::spans(trace, &self.spans, &self.clock, &mut self.ids));
+                .push(spans::spans(trace, &c.spans, &c.clock, &mut c.ids));
         }
     }
 }
@@ -168,8 +155,12 @@ fn annotate(work: &IterationWork, trace: &mut VllmTrace) {
 }
 
 impl EngineInstance for VllmInstance {
-    fn target(&self) -> &Target {
-        &self.target
+    fn core(&self) -> &InstanceCore {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut InstanceCore {
+        &mut self.core
     }
 
     fn handle(&mut self, batch: &[&Decoded], out: &mut Output) {
@@ -187,15 +178,6 @@ impl EngineInstance for VllmInstance {
     fn finish(&mut self, out: &mut Output) {
         self.tracker.finish(&mut self.events);
         self.emit(out);
-    }
-
-    fn wall_clock_moved(&mut self, monotonic_ns: u64, realtime_minus_monotonic_ns: i128) {
-        self.clock
-            .wall_clock_moved(monotonic_ns, realtime_minus_monotonic_ns);
-    }
-
-    fn iteration_work(&mut self) -> &mut IterationWork {
-        &mut self.work
     }
 
     fn counters(&self, registry: &mut Registry) {
@@ -217,7 +199,7 @@ impl EngineInstance for VllmInstance {
             "vLLM (pid {}): {} requests sent to the engine, {} engine steps, {} undecodable \
              messages, {} requests sent before attach (or whose ADD was lost), {} requests \
              unfinished at the end, {} dropped (too many in flight), {} layout switches",
-            self.target.pid,
+            self.core.target.pid,
             t.adds,
             t.steps,
             t.undecodable,
