@@ -412,3 +412,46 @@ pub fn wait_until_idle(port: u16, gauges: &[&str]) {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// A vLLM on `port` set up for the comparison runs: it queues (4 seqs), chunks prefills (256
+/// tokens) and preempts (18 KV blocks of 128 tokens), and sends its own spans to `receiver`.
+/// Returns the API server's pid.
+pub fn start_compared_vllm(cleanup: &mut Cleanup, port: u16, receiver: &OtlpReceiver) -> String {
+    let otlp = format!("http://127.0.0.1:{}", receiver.grpc_port);
+    cleanup.fresh_engine(
+        EngineKind::Vllm,
+        port,
+        &[
+            "--max-num-seqs",
+            "4",
+            "--max-num-batched-tokens",
+            "256",
+            "--otlp-traces-endpoint",
+            &otlp,
+        ],
+        &[("KV_BLOCKS", "18")],
+    )
+}
+
+/// SGLang's arguments for the comparison runs: its metrics on, and a statistics report every
+/// 5 decode batches (SGLang's default: 40), for more of them.
+pub const SGLANG_COMPARED_ARGS: [&str; 3] = ["--enable-metrics", "--decode-log-interval", "5"];
+
+/// An SGLang on `port` with `args` and `envs`, its own tracing on (level 3) and sent to
+/// `receiver`. Returns its main process's pid.
+pub fn start_traced_sglang(
+    cleanup: &mut Cleanup,
+    port: u16,
+    receiver: &OtlpReceiver,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> String {
+    let otlp = format!("127.0.0.1:{}", receiver.grpc_port);
+    let mut all_envs = vec![
+        ("TRACE", "1"),
+        ("OTLP", otlp.as_str()),
+        ("SGLANG_TRACE_LEVEL", "3"),
+    ];
+    all_envs.extend_from_slice(envs);
+    cleanup.fresh_engine(EngineKind::Sglang, port, args, &all_envs)
+}

@@ -383,6 +383,22 @@ fn stages<'a>(all: &'a [SpanView<'a>], request: &SpanView) -> Vec<&'a SpanView<'
     all.iter().filter(|s| threads.contains(&s.parent)).collect()
 }
 
+/// A whole run against SGLang's own tracing and `/metrics`: the request and stage spans
+/// ([`compare`]), the loop's stages ([`compare_loop_stages`]) and the request counters
+/// ([`compare_metrics`]).
+pub fn compare_run(
+    ours: &Path,
+    theirs: &Path,
+    bounds: Bounds,
+    metrics_before: &str,
+    metrics_after: &str,
+) -> Report {
+    let mut report = compare(ours, theirs, bounds);
+    report.add(compare_loop_stages(ours, theirs, bounds));
+    report.add(compare_metrics(ours, metrics_before, metrics_after));
+    report
+}
+
 /// Compare infertrace's JSONL (`ours`) with SGLang's OTLP spans (`theirs`).
 pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
     let ours_json = json_lines(ours);

@@ -15,8 +15,8 @@ use std::{
 
 use infertrace_tests::{
     live::{
-        self, Cleanup, EngineKind, OtlpReceiver, attach_to, free_port, get, only_instance,
-        otlp_receiver, stop, temp_dir, wait_until_idle,
+        self, Cleanup, OtlpReceiver, attach_to, free_port, get, only_instance, otlp_receiver, stop,
+        temp_dir, wait_until_idle,
     },
     sglang_truth, vllm_truth,
 };
@@ -32,6 +32,8 @@ const SGLANG_ROUNDS: u32 = 10;
 /// One server of the run: its port, its own tracing's receiver and what its client sent.
 struct Server {
     port: u16,
+    /// The gauges of its /metrics that say a request is still in the engine.
+    busy: [&'static str; 2],
     pid: String,
     receiver: OtlpReceiver,
     truth: PathBuf,
@@ -39,27 +41,14 @@ struct Server {
     before: String,
 }
 
-/// A vLLM that queues (4 seqs), chunks prefills (256 tokens) and preempts (18 KV blocks), with
-/// its own tracing on, as in e2e_vllm.
+/// A vLLM set up as in e2e_vllm, with its own tracing on.
 fn start_vllm(cleanup: &mut Cleanup, dir: &Path, port: u16) -> Server {
     let truth = dir.join(format!("vllm-{port}.otlp.jsonl"));
     let receiver = otlp_receiver(cleanup, &truth);
-    let otlp = format!("http://127.0.0.1:{}", receiver.grpc_port);
-    let pid = cleanup.fresh_engine(
-        EngineKind::Vllm,
-        port,
-        &[
-            "--max-num-seqs",
-            "4",
-            "--max-num-batched-tokens",
-            "256",
-            "--otlp-traces-endpoint",
-            &otlp,
-        ],
-        &[("KV_BLOCKS", "18")],
-    );
+    let pid = live::start_compared_vllm(cleanup, port, &receiver);
     Server {
         port,
+        busy: ["vllm:num_requests_running", "vllm:num_requests_waiting"],
         pid,
         receiver,
         truth,
@@ -73,25 +62,12 @@ fn start_vllm(cleanup: &mut Cleanup, dir: &Path, port: u16) -> Server {
 fn start_sglang(cleanup: &mut Cleanup, dir: &Path) -> Server {
     let truth = dir.join("sglang.otlp.jsonl");
     let receiver = otlp_receiver(cleanup, &truth);
-    let otlp = format!("127.0.0.1:{}", receiver.grpc_port);
-    let pid = cleanup.fresh_engine(
-        EngineKind::Sglang,
-        SGLANG_PORT,
-        &[
-            "--enable-metrics",
-            "--decode-log-interval",
-            "5",
-            "--chunked-prefill-size",
-            "256",
-        ],
-        &[
-            ("TRACE", "1"),
-            ("OTLP", otlp.as_str()),
-            ("SGLANG_TRACE_LEVEL", "3"),
-        ],
-    );
+    let mut args = live::SGLANG_COMPARED_ARGS.to_vec();
+    args.extend_from_slice(&["--chunked-prefill-size", "256"]);
+    let pid = live::start_traced_sglang(cleanup, SGLANG_PORT, &receiver, &args, &[]);
     Server {
         port: SGLANG_PORT,
+        busy: ["sglang:num_running_reqs", "sglang:num_queue_reqs"],
         pid,
         receiver,
         truth,
@@ -100,9 +76,31 @@ fn start_sglang(cleanup: &mut Cleanup, dir: &Path) -> Server {
     }
 }
 
-/// The gauges of vLLM's and SGLang's /metrics that say a request is still in the engine.
-const VLLM_BUSY: [&str; 2] = ["vllm:num_requests_running", "vllm:num_requests_waiting"];
-const SGLANG_BUSY: [&str; 2] = ["sglang:num_running_reqs", "sglang:num_queue_reqs"];
+/// `infertrace attach` on every server, each server's /metrics read once it is attached.
+fn attach_all(servers: &mut [&mut Server], ours: &Path) -> std::process::Child {
+    let pids: Vec<&str> = servers.iter().map(|s| s.pid.as_str()).collect();
+    let agent = attach_to(&pids, ours, free_port(), &[]);
+    for server in servers.iter_mut() {
+        server.before = get(server.port, "/metrics");
+    }
+    agent
+}
+
+/// Stop the agent once every server has nothing running or queued (the client's aborted
+/// requests run on in the engine until it notices), and check that every span line is of one
+/// of them; the agent's stderr.
+fn stop_when_idle(agent: std::process::Child, ours: &Path, servers: &[&Server]) -> String {
+    for server in servers {
+        wait_until_idle(server.port, &server.busy);
+    }
+    // A few metrics intervals (1 s), so that the last reports reach the agent's output.
+    std::thread::sleep(Duration::from_secs(2));
+    let stderr = stop(agent);
+    // The engines' span processors export every 500 ms (SGLang) and 5 s (vLLM).
+    std::thread::sleep(Duration::from_secs(6));
+    every_line_has_its_server(ours, servers, &stderr);
+    stderr
+}
 
 /// One round of vLLM's workload (e2e_vllm's).
 fn vllm_round(server: &mut Server, dir: &Path, round: u32) {
@@ -147,13 +145,7 @@ fn check_sglang(server: &Server, ours: &Path, dir: &Path, stderr: &str) {
     let after = get(server.port, "/metrics");
     server.receiver.write_out();
     let bounds = sglang_truth::ONE_SCHEDULER;
-    let mut report = sglang_truth::compare(&mine, &server.truth, bounds);
-    report.add(sglang_truth::compare_loop_stages(
-        &mine,
-        &server.truth,
-        bounds,
-    ));
-    report.add(sglang_truth::compare_metrics(&mine, &server.before, &after));
+    let report = sglang_truth::compare_run(&mine, &server.truth, bounds, &server.before, &after);
     report.print_and_check("SGLang:\n", stderr);
 }
 
@@ -192,24 +184,14 @@ fn one_agent_traces_a_vllm_and_an_sglang_server_at_once() {
     let mut cleanup = Cleanup::default();
     let mut vllm = start_vllm(&mut cleanup, &dir, VLLM_PORT);
     let mut sglang = start_sglang(&mut cleanup, &dir);
-    let agent = attach_to(&[&vllm.pid, &sglang.pid], &ours, free_port(), &[]);
-    vllm.before = get(vllm.port, "/metrics");
-    sglang.before = get(sglang.port, "/metrics");
+    let agent = attach_all(&mut [&mut vllm, &mut sglang], &ours);
     for round in 0..SGLANG_ROUNDS {
         if round < VLLM_ROUNDS {
             vllm_round(&mut vllm, &dir, round);
         }
         sglang_round(&mut sglang, &dir, round);
     }
-    // The client's aborted requests run on in the engine until it notices.
-    wait_until_idle(vllm.port, &VLLM_BUSY);
-    wait_until_idle(sglang.port, &SGLANG_BUSY);
-    // A few metrics intervals (1 s), so that the last reports reach the agent's output.
-    std::thread::sleep(Duration::from_secs(2));
-    let stderr = stop(agent);
-    // The engines' span processors export every 500 ms (SGLang) and 5 s (vLLM).
-    std::thread::sleep(Duration::from_secs(6));
-    every_line_has_its_server(&ours, &[&vllm, &sglang], &stderr);
+    let stderr = stop_when_idle(agent, &ours, &[&vllm, &sglang]);
     check_vllm(&vllm, &ours, &dir, &stderr);
     check_sglang(&sglang, &ours, &dir, &stderr);
     drop(cleanup);
@@ -223,19 +205,12 @@ fn one_agent_traces_two_vllm_servers_apart() {
     let mut cleanup = Cleanup::default();
     let mut first = start_vllm(&mut cleanup, &dir, VLLM_PORT);
     let mut second = start_vllm(&mut cleanup, &dir, SECOND_VLLM_PORT);
-    let agent = attach_to(&[&first.pid, &second.pid], &ours, free_port(), &[]);
-    first.before = get(first.port, "/metrics");
-    second.before = get(second.port, "/metrics");
+    let agent = attach_all(&mut [&mut first, &mut second], &ours);
     for round in 0..VLLM_ROUNDS {
         vllm_round(&mut first, &dir, round);
         vllm_round(&mut second, &dir, round);
     }
-    wait_until_idle(first.port, &VLLM_BUSY);
-    wait_until_idle(second.port, &VLLM_BUSY);
-    std::thread::sleep(Duration::from_secs(2));
-    let stderr = stop(agent);
-    std::thread::sleep(Duration::from_secs(6));
-    every_line_has_its_server(&ours, &[&first, &second], &stderr);
+    let stderr = stop_when_idle(agent, &ours, &[&first, &second]);
     // Same model, same engine index: the two servers' series stay apart by their identity.
     let snapshots = vllm_truth::json_lines(&ours);
     let last = vllm_truth::last_metrics(&snapshots);

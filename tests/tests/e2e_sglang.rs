@@ -66,15 +66,7 @@ impl TracedRun {
     /// Start SGLang with `args`, its tracing (level 3, to this run's receiver) and `envs`;
     /// its main process's pid.
     fn start_engine(&mut self, args: &[&str], envs: &[(&str, &str)]) -> String {
-        let otlp = format!("127.0.0.1:{}", self.receiver.grpc_port);
-        let mut all_envs = vec![
-            ("TRACE", "1"),
-            ("OTLP", otlp.as_str()),
-            ("SGLANG_TRACE_LEVEL", "3"),
-        ];
-        all_envs.extend_from_slice(envs);
-        self.cleanup
-            .fresh_engine(EngineKind::Sglang, PORT, args, &all_envs)
+        live::start_traced_sglang(&mut self.cleanup, PORT, &self.receiver, args, envs)
     }
 
     /// Stop the engine and the receiver, and remove the run's files.
@@ -106,8 +98,7 @@ fn spans_match_sglangs_own_tracing(
 ) {
     let mut run = TracedRun::new(mode);
     let (ours, truth, client) = (run.ours.clone(), run.truth.clone(), run.client.clone());
-    // A statistics report every 5 decode batches (SGLang's default: 40), for more of them.
-    let mut all_args = vec!["--enable-metrics", "--decode-log-interval", "5"];
+    let mut all_args = live::SGLANG_COMPARED_ARGS.to_vec();
     all_args.extend_from_slice(args);
     let main_pid = run.start_engine(&all_args, envs);
     let log_file = EngineKind::Sglang
@@ -141,9 +132,7 @@ fn spans_match_sglangs_own_tracing(
     // SGLang's batch span processor exports every 500 ms.
     std::thread::sleep(Duration::from_secs(5));
     run.receiver.write_out();
-    let mut report = sglang_truth::compare(&ours, &truth, bounds);
-    report.add(sglang_truth::compare_loop_stages(&ours, &truth, bounds));
-    report.add(sglang_truth::compare_metrics(&ours, &before, &after));
+    let mut report = sglang_truth::compare_run(&ours, &truth, bounds, &before, &after);
     let log = std::fs::read(&log_file).expect("SGLang's log");
     let attached = String::from_utf8_lossy(&log[log_start..log_end.min(log.len())]);
     report.add(sglang_truth::compare_scheduler_reports(&ours, &attached));

@@ -42,21 +42,7 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
     let client = dir.join("client.json");
     let mut cleanup = Cleanup::default();
     let receiver = otlp_receiver(&mut cleanup, &truth);
-    // Settings that queue (4 seqs), chunk prefills (256 tokens) and preempt (18 KV blocks of
-    // 128 tokens).
-    let otlp = format!("http://127.0.0.1:{}", receiver.grpc_port);
-    let api_pid = fresh_vllm(
-        &mut cleanup,
-        &[
-            "--max-num-seqs",
-            "4",
-            "--max-num-batched-tokens",
-            "256",
-            "--otlp-traces-endpoint",
-            &otlp,
-        ],
-        &[("KV_BLOCKS", "18")],
-    );
+    let api_pid = live::start_compared_vllm(&mut cleanup, PORT, &receiver);
     let prom_port = free_port();
     let agent = attach(&api_pid, &ours, prom_port);
     let before = get(PORT, "/metrics");
