@@ -198,7 +198,17 @@ fn export_and_compare(recording: &str, service: &str, protocol: &str, with_event
     let samples = snapshot["samples"].as_array().unwrap();
     assert!(!samples.is_empty());
     for s in samples {
-        let key = format!("{} {}", s["name"].as_str().unwrap(), s["dimensions"]);
+        // A point's attributes are its series' dimensions and its engine instance's identity
+        // (service.instance.id), which JSONL keeps apart as the sample's resource.
+        let mut attributes = s["dimensions"].as_object().cloned().unwrap_or_default();
+        if let Some(resource) = s["resource"].as_object() {
+            attributes.extend(resource.clone());
+        }
+        let key = format!(
+            "{} {}",
+            s["name"].as_str().unwrap(),
+            Value::Object(attributes)
+        );
         assert_eq!(
             last.get(&key),
             s["value"].as_f64().as_ref(),
