@@ -218,8 +218,8 @@ impl OutputArgs {
         // several engines are told apart by their metrics' service.instance.id.
         let package = shared(targets.iter().map(|t| {
             engines::kind_or_default(t.engine.as_ref())
-                .engine()
-                .package()
+                .recognition()
+                .package
         }));
         if package.is_some()
             && let Some(Some(v)) = shared(targets.iter().map(|t| t.version.as_deref()))
@@ -243,7 +243,12 @@ impl OutputArgs {
         let mut out: Vec<Box<dyn Exporter>> = Vec::new();
         for spec in specs {
             match spec.split_once(':') {
-                None if spec == "console" => out.push(Box::new(ConsoleExporter)),
+                None if spec == "console" => out.push(Box::new(ConsoleExporter::new(
+                    engines::Engine::ALL
+                        .iter()
+                        .map(|e| engines::kind(e).console_fields())
+                        .collect(),
+                ))),
                 None if spec == "none" => {}
                 Some(("jsonl", "-")) => out.push(Box::new(Jsonl::new(std::io::stdout()))),
                 Some(("jsonl", path)) => {

@@ -16,7 +16,7 @@ use crate::{
     routing::Owners,
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
-        metrics::{Registry, Resource, Scope},
+        metrics::{Registry, Resource, SERVICE_INSTANCE_ID, Scope},
         profile::Profile,
         python_samples,
     },
@@ -322,5 +322,5 @@ impl Pipeline {
 /// What an instance's metrics carry so that two servers never share a series: the
 /// OpenTelemetry `service.instance.id` (host and pid, unique while the server runs).
 fn identity(host: &str, target: &Target) -> Resource {
-    [("service.instance.id", format!("{host}:{}", target.pid))].into()
+    [(SERVICE_INSTANCE_ID, format!("{host}:{}", target.pid))].into()
 }

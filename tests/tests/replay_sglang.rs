@@ -6,8 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use infertrace::{
     decode::{flows::Decoded, pickle::loads},
-    discover::engine::{Engine, Target},
-    engines::sglang::wire::{OutputStage, RidOutput, SglangDecoder, SglangMessage, SglangRequest},
+    discover::engine::Target,
+    engines::{
+        Engine,
+        sglang::wire::{OutputStage, RidOutput, SglangDecoder, SglangMessage, SglangRequest},
+    },
     export::jsonl::Jsonl,
     pipeline::{Pipeline, PipelineOptions},
     session,

@@ -20,12 +20,12 @@ use super::{
 };
 use crate::{
     discover::{
-        engine::{self, Engine, Role},
+        engine::{self, Role},
         procfs,
         sockets::{FdKind, SocketLookup},
     },
     engines::{
-        self,
+        self, Engine,
         engine::{decoded_kind_of_non_engine, default_fd_action},
     },
 };

@@ -10,10 +10,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{CaptureEvent, KernelCounters, ProcessInfo, records};
-use crate::discover::{
-    engine::{Engine, Target},
-    python::CodeName,
-    sockets::FdKind,
+use crate::{
+    discover::{engine::Target, python::CodeName, sockets::FdKind},
+    engines::Engine,
 };
 
 const MAGIC: &str = "INFERTRACE-RECORDING 1";
@@ -53,7 +52,7 @@ impl Header {
         if !self.targets.is_empty() {
             return self.targets.clone();
         }
-        let engine = self.engine.clone().or_else(|| {
+        let engine = self.engine.or_else(|| {
             self.processes
                 .iter()
                 .any(|p| p.comm.starts_with("sglang::"))
@@ -63,7 +62,7 @@ impl Header {
             .iter()
             .map(|&pid| Target {
                 pid,
-                engine: engine.clone(),
+                engine,
                 version: self.engine_version.clone(),
                 served_model: self.served_model.clone(),
             })

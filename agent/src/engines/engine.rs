@@ -12,11 +12,12 @@ use std::any::Any;
 
 use crate::{
     decode::flows::Decoded,
-    discover::{
-        engine::{Engine, Role},
-        sockets::FdKind,
+    discover::{engine::Role, recognition::Recognition, sockets::FdKind},
+    engines::{
+        Engine,
+        common::{handoff::HandoffStats, instance::InstanceCore},
     },
-    engines::common::{handoff::HandoffStats, instance::InstanceCore},
+    export::console::SummaryField,
     telemetry::{
         metrics::{MetricDef, Registry},
         span::Span,
@@ -28,9 +29,15 @@ use infertrace_common::fd_action;
 pub trait EngineKind: Sync {
     fn engine(&self) -> Engine;
 
+    /// How discovery recognises its processes (titles, launch commands, package, model).
+    fn recognition(&self) -> &'static Recognition;
+
     /// Its metrics (the spec's and its loss counters), for exporters that declare their
     /// instruments up front.
     fn metrics(&self) -> Vec<&'static MetricDef>;
+
+    /// The figures of its servers' lines on the console.
+    fn console_fields(&self) -> &'static [SummaryField];
 
     /// What is decoded of fd `fd` of one of its processes in `role`, which /proc says is
     /// `kind`: its kind unchanged (decoded whole), or another saying why it is not copied, or

@@ -4,7 +4,7 @@
 //!
 //! Each line is written into one pre-sized String: on a busy engine this runs for every
 //! message, and per-value `format!` calls made it the agent's most expensive step.
-use std::{fmt::Write as _, io::Write as _};
+use std::{collections::BTreeMap, fmt::Write as _, io::Write as _};
 
 use infertrace_common::cuda_fn;
 
@@ -12,7 +12,7 @@ use super::Exporter;
 use crate::{
     decode::{cuda::CudaEvent, flows::Decoded, http::HttpExchange, zmtp::ZmtpMessage},
     telemetry::{
-        metrics::{Resource, Sample},
+        metrics::{MetricDef, Resource, SERVICE_INSTANCE_ID, Sample},
         span::{AttrValue, Span},
     },
 };
@@ -138,9 +138,46 @@ fn time_of_day(line: &mut String, unix_ns: i128) {
     );
 }
 
-/// The live view on stdout: a line per finished request and a metrics summary per interval.
-#[derive(Default)]
-pub struct ConsoleExporter;
+/// The live view on stdout: a line per finished request and, per interval, a metrics line per
+/// traced server with the figures its engine chose.
+pub struct ConsoleExporter {
+    /// Each engine kind's figures.
+    fields: Vec<&'static [SummaryField]>,
+}
+
+/// A figure of the console's metrics line: the total of a metric over an instance's series.
+pub struct SummaryField {
+    pub label: &'static str,
+    pub metric: &'static MetricDef,
+    /// A ratio, shown as a percentage.
+    pub percent: bool,
+}
+
+impl SummaryField {
+    pub const fn total(label: &'static str, metric: &'static MetricDef) -> Self {
+        Self {
+            label,
+            metric,
+            percent: false,
+        }
+    }
+
+    pub const fn percent(label: &'static str, metric: &'static MetricDef) -> Self {
+        Self {
+            label,
+            metric,
+            percent: true,
+        }
+    }
+}
+
+impl ConsoleExporter {
+    /// `fields`: each engine kind's figures. A server's line shows the figures of the kind
+    /// whose metrics it has.
+    pub fn new(fields: Vec<&'static [SummaryField]>) -> Self {
+        Self { fields }
+    }
+}
 
 impl Exporter for ConsoleExporter {
     fn spans(&mut self, _resource: &Resource, spans: &[Span]) {
@@ -152,16 +189,11 @@ impl Exporter for ConsoleExporter {
     }
 
     fn metrics(&mut self, samples: &[Sample], unix_ns: u64) {
-        if samples.is_empty() {
-            return;
+        let text = metrics_lines(&self.fields, samples, unix_ns);
+        if !text.is_empty() {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
         }
-        let mut line = String::with_capacity(200);
-        time_of_day(&mut line, i128::from(unix_ns));
-        line.push_str(" metrics");
-        metrics_summary(&mut line, samples);
-        line.push('\n');
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
     }
 }
 
@@ -267,31 +299,50 @@ fn llm_request(text: &mut String, span: &Span) {
     }
 }
 
-/// Totals of the main counters and the latest gauges.
-fn metrics_summary(line: &mut String, samples: &[Sample]) {
-    let total = |name: &str| -> f64 {
-        samples
-            .iter()
-            .filter(|s| s.name == name)
-            .map(|s| s.value)
-            .fold(0.0, |a, b| a + b)
-    };
-    for (label, name) in [
-        ("requests", "gen_ai_vllm_request_success"),
-        ("prompt_tokens", "gen_ai_vllm_prompt_tokens"),
-        ("generation_tokens", "gen_ai_vllm_generation_tokens"),
-        ("iterations", "vllm_iter_count"),
-        ("preemptions", "gen_ai_vllm_num_preemptions"),
-        ("running", "gen_ai_vllm_num_requests_running"),
-        ("waiting", "gen_ai_vllm_num_requests_waiting"),
-    ] {
-        let _ = write!(line, " {label}={}", total(name));
+/// One line per traced server (the agent's own series are not shown): its identity, then the
+/// figures of the engine kind whose metrics it has most of.
+fn metrics_lines(fields: &[&[SummaryField]], samples: &[Sample], unix_ns: u64) -> String {
+    let mut instances: BTreeMap<&str, Vec<&Sample>> = BTreeMap::new();
+    for sample in samples {
+        if let Some(id) = sample.resource.get(SERVICE_INSTANCE_ID) {
+            instances.entry(id).or_default().push(sample);
+        }
     }
-    let _ = write!(
-        line,
-        " kv_cache={:.1}%",
-        100.0 * total("gen_ai_vllm_kv_cache_usage_perc")
-    );
+    let mut text = String::new();
+    for (id, samples) in instances {
+        let total = |name: &str| -> f64 {
+            samples
+                .iter()
+                .filter(|s| s.name == name)
+                .map(|s| s.value)
+                // Not `sum()`: an empty f64 sum is -0, printed "-0".
+                .fold(0.0, |a, b| a + b)
+        };
+        let shown = |set: &[SummaryField]| {
+            set.iter()
+                .filter(|f| samples.iter().any(|s| s.name == f.metric.name))
+                .count()
+        };
+        let Some(set) = fields
+            .iter()
+            .filter(|set| shown(set) > 0)
+            .max_by_key(|set| shown(set))
+        else {
+            continue;
+        };
+        time_of_day(&mut text, i128::from(unix_ns));
+        let _ = write!(text, " metrics instance={id}");
+        for field in *set {
+            let value = total(field.metric.name);
+            if field.percent {
+                let _ = write!(text, " {}={:.1}%", field.label, 100.0 * value);
+            } else {
+                let _ = write!(text, " {}={value}", field.label);
+            }
+        }
+        text.push('\n');
+    }
+    text
 }
 
 fn http(line: &mut String, exchange: &HttpExchange) {
@@ -364,6 +415,49 @@ mod tests {
             Console::new(3_600_000_000_000).line(&d).unwrap(),
             "01:00:01.000000 zmtp pid=5 fd=9 send 2 frame(s), 21 B: [1 B 00] \
              [20 B 000102030405060708090a0b..]"
+        );
+    }
+
+    #[test]
+    fn metrics_line_per_server_with_its_engines_figures() {
+        use crate::engines::{Engine, kind};
+        let sample = |name: &'static str, instance: Option<&str>, value: f64| Sample {
+            name,
+            kind: crate::telemetry::metrics::Kind::Counter,
+            resource: instance
+                .map(|id| [(SERVICE_INSTANCE_ID, id.to_string())].into())
+                .unwrap_or_default(),
+            dimensions: BTreeMap::new(),
+            value,
+        };
+        let samples = [
+            sample("gen_ai_vllm_request_success", Some("h:1"), 2.0),
+            sample("gen_ai_vllm_request_success", Some("h:1"), 3.0),
+            sample("gen_ai_vllm_kv_cache_usage_perc", Some("h:1"), 0.25),
+            // Shared by both engines: does not make h:1 an SGLang server.
+            sample("gen_ai_server_request_duration", Some("h:1"), 1.0),
+            sample("num_requests_total", Some("h:2"), 7.0),
+            sample("gen_ai_server_request_duration", Some("h:2"), 1.0),
+            // The agent's own series and an instance with none of the figures: no line.
+            sample("infertrace_ringbuf_lost_records", None, 9.0),
+            sample("gen_ai_server_request_duration", Some("h:3"), 1.0),
+        ];
+        let fields: Vec<&'static [SummaryField]> = Engine::ALL
+            .iter()
+            .map(|e| kind(e).console_fields())
+            .collect();
+        let text = metrics_lines(&fields, &samples, 3_600_000_000_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(
+            lines[0],
+            "01:00:00.000000 metrics instance=h:1 requests=5 prompt_tokens=0 \
+             generation_tokens=0 iterations=0 preemptions=0 running=0 waiting=0 kv_cache=25.0%"
+        );
+        assert_eq!(
+            lines[1],
+            "01:00:00.000000 metrics instance=h:2 requests=7 prompt_tokens=0 \
+             generation_tokens=0 cached_tokens=0 reports=0"
         );
     }
 }

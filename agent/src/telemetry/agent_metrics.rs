@@ -3,18 +3,13 @@
 //! and how the engines' frontend instants were found. What each engine's tracker could not use
 //! is counted in its folder (`engines/<engine>/losses.rs`). A dashboard that shows the spec's
 //! numbers should show these too: a gap in a trace is visible here.
-use super::metrics::{Kind, MetricDef, Registry};
+use super::metrics::{MetricDef, Registry};
 use crate::{
     capture::KernelCounters, decode::flows::FlowStats, engines::common::handoff::HandoffStats,
 };
 
 pub const fn counter(name: &'static str, description: &'static str) -> MetricDef {
-    MetricDef {
-        name,
-        kind: Kind::Counter,
-        unit: "Count",
-        description,
-    }
+    MetricDef::counter(name, "Count", description)
 }
 
 pub const CAPTURED_SYSCALLS: MetricDef = counter(

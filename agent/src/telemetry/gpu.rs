@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{
     Clock,
     entry_span::push_opt,
-    metrics::{Kind, MetricDef, Registry},
+    metrics::{MetricDef, Registry},
     span::Attributes,
 };
 use crate::engines::common::{
@@ -94,49 +94,40 @@ pub fn iteration_attributes(a: &mut Attributes, gpu: &IterationLaunches) {
     ));
 }
 
-const fn metric(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
-    MetricDef {
-        name,
-        kind: Kind::Counter,
-        unit,
-        description,
-    }
-}
-
-pub const STEPS: MetricDef = metric(
+pub const STEPS: MetricDef = MetricDef::counter(
     "infertrace_cuda_steps_total",
     "Count",
     "CUDA steps: a thread's driver calls ended by a host-side synchronisation (dimension \
      `synchronization`: the call that ended it).",
 );
-pub const KERNEL_LAUNCHES: MetricDef = metric(
+pub const KERNEL_LAUNCHES: MetricDef = MetricDef::counter(
     "infertrace_cuda_kernel_launches_total",
     "Count",
     "cuLaunchKernel/cuLaunchKernelEx calls, per kernel (its name, its handle when no lookup \
      named it, or `(unlisted)` past the per-step table).",
 );
-pub const GRAPH_LAUNCHES: MetricDef = metric(
+pub const GRAPH_LAUNCHES: MetricDef = MetricDef::counter(
     "infertrace_cuda_graph_launches_total",
     "Count",
     "cuGraphLaunch calls (CUDA graph replays).",
 );
-pub const COPIES: MetricDef = metric(
+pub const COPIES: MetricDef = MetricDef::counter(
     "infertrace_cuda_async_copies_total",
     "Count",
     "cuMemcpyDtoHAsync/cuMemcpyAsync calls.",
 );
-pub const COPY_BYTES: MetricDef = metric(
+pub const COPY_BYTES: MetricDef = MetricDef::counter(
     "infertrace_cuda_async_copy_bytes_total",
     "Bytes",
     "Bytes asked for by cuMemcpyDtoHAsync/cuMemcpyAsync calls.",
 );
-pub const CPU_LAUNCH_SECONDS: MetricDef = metric(
+pub const CPU_LAUNCH_SECONDS: MetricDef = MetricDef::counter(
     "infertrace_cuda_cpu_launch_seconds_total",
     "Seconds",
     "Per step, CPU time from the first launch call to the last (host-side enqueueing, not GPU \
      execution), summed.",
 );
-pub const CPU_SYNC_WAIT_SECONDS: MetricDef = metric(
+pub const CPU_SYNC_WAIT_SECONDS: MetricDef = MetricDef::counter(
     "infertrace_cuda_cpu_sync_wait_seconds_total",
     "Seconds",
     "Time threads waited in the synchronisation that ended a step (host side), summed.",

@@ -23,6 +23,34 @@ pub struct MetricDef {
     pub description: &'static str,
 }
 
+impl MetricDef {
+    pub const fn counter(
+        name: &'static str,
+        unit: &'static str,
+        description: &'static str,
+    ) -> MetricDef {
+        MetricDef {
+            name,
+            kind: Kind::Counter,
+            unit,
+            description,
+        }
+    }
+
+    pub const fn gauge(
+        name: &'static str,
+        unit: &'static str,
+        description: &'static str,
+    ) -> MetricDef {
+        MetricDef {
+            name,
+            kind: Kind::Gauge,
+            unit,
+            description,
+        }
+    }
+}
+
 /// Dimension name and value pairs, sorted by name.
 pub type Dimensions = Vec<(&'static str, String)>;
 
@@ -41,6 +69,9 @@ pub struct Sample {
 /// Upper bound on series (a hostile stream could invent model names); beyond it new series
 /// are dropped and counted.
 const MAX_SERIES: usize = 10_000;
+
+/// The resource attribute that tells engine instances apart (OpenTelemetry's).
+pub const SERVICE_INSTANCE_ID: &str = "service.instance.id";
 
 /// An engine instance's identity attributes (`service.instance.id`, ...), by key.
 pub type Resource = BTreeMap<&'static str, String>;

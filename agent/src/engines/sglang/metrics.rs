@@ -19,93 +19,87 @@ use super::{
     spans::{engine_side, instants},
     tracker::{SglangTimeline, SglangTrace},
 };
-use crate::telemetry::{
-    Clock,
-    api_metrics::{USAGE_TOKENS, api_usage},
-    metrics::{Dimensions, Kind, MetricDef, Registry},
+use crate::{
+    export::console::SummaryField,
+    telemetry::{
+        Clock,
+        api_metrics::{USAGE_TOKENS, api_usage},
+        metrics::{Dimensions, MetricDef, Registry},
+    },
 };
 
-const fn counter(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
-    MetricDef {
-        name,
-        kind: Kind::Counter,
-        unit,
-        description,
-    }
-}
-
-pub const PROMPT_TOKENS: MetricDef = counter(
+pub const PROMPT_TOKENS: MetricDef = MetricDef::counter(
     "prompt_tokens_total",
     "Count",
     "The cumulative number of input tokens.",
 );
-pub const GENERATION_TOKENS: MetricDef = counter(
+pub const GENERATION_TOKENS: MetricDef = MetricDef::counter(
     "generation_tokens_total",
     "Count",
     "The cumulative number of output tokens.",
 );
-pub const CACHED_TOKENS: MetricDef = counter(
+pub const CACHED_TOKENS: MetricDef = MetricDef::counter(
     "gen_ai_sglang_cached_tokens_total",
     "Count",
     "The cumulative number of input tokens served from the cache.",
 );
-pub const NUM_REQUESTS: MetricDef = counter(
+pub const NUM_REQUESTS: MetricDef = MetricDef::counter(
     "num_requests_total",
     "Times",
     "The cumulative number of requests.",
 );
-pub const TIME_TO_FIRST_TOKEN: MetricDef = counter(
+pub const TIME_TO_FIRST_TOKEN: MetricDef = MetricDef::counter(
     "gen_ai_server_time_to_first_token",
     "Seconds",
     "The cumulative time to first token.",
 );
-pub const TIME_PER_OUTPUT_TOKEN: MetricDef = counter(
+pub const TIME_PER_OUTPUT_TOKEN: MetricDef = MetricDef::counter(
     "gen_ai_server_time_per_output_token",
     "Seconds",
     "The cumulative time per output token.",
 );
-pub const INTER_TOKEN_LATENCY: MetricDef = counter(
+pub const INTER_TOKEN_LATENCY: MetricDef = MetricDef::counter(
     "sglang_inter_token_latency_seconds",
     "Seconds",
     "The cumulative inter-token latency.",
 );
-pub const REQUEST_DURATION: MetricDef = counter(
+pub const REQUEST_DURATION: MetricDef = MetricDef::counter(
     "gen_ai_server_request_duration",
     "Seconds",
     "The cumulative end-to-end duration of requests.",
 );
 
-pub const NUM_RUNNING_REQS: MetricDef = counter(
+pub const NUM_RUNNING_REQS: MetricDef = MetricDef::counter(
     "sglang_num_running_reqs",
     "Count",
     "A snapshot of the number of running requests.",
 );
-pub const NUM_QUEUE_REQS: MetricDef = counter(
+pub const NUM_QUEUE_REQS: MetricDef = MetricDef::counter(
     "sglang_num_queue_reqs",
     "Count",
     "A snapshot of the number of requests in the queue.",
 );
-pub const NUM_USED_TOKENS: MetricDef = counter(
+pub const NUM_USED_TOKENS: MetricDef = MetricDef::counter(
     "sglang_num_used_tokens",
     "Count",
     "A snapshot of the number of tokens currently in use.",
 );
-pub const TOKEN_USAGE: MetricDef = counter(
+pub const TOKEN_USAGE: MetricDef = MetricDef::counter(
     "sglang_token_usage",
     "Ratio",
     "A snapshot of the KV cache token usage.",
 );
-pub const GEN_THROUGHPUT: MetricDef = counter(
+pub const GEN_THROUGHPUT: MetricDef = MetricDef::counter(
     "sglang_gen_throughput",
     "Tokens/s",
     "A snapshot of the generation throughput.",
 );
-pub const SPEC_ACCEPT_LENGTH: MetricDef = counter(
+pub const SPEC_ACCEPT_LENGTH: MetricDef = MetricDef::counter(
     "sglang_spec_accept_length",
     "Count",
     "The accept length of speculative decoding.",
 );
-pub const LOG_COUNT: MetricDef = counter(
+pub const LOG_COUNT: MetricDef = MetricDef::counter(
     "sglang_log_count",
     "Times",
     "The number of statistical reports, which is used to calculate the average of the preceding snapshot metrics.",
@@ -129,6 +123,16 @@ pub static ALL: [&MetricDef; 16] = [
     &GEN_THROUGHPUT,
     &SPEC_ACCEPT_LENGTH,
     &LOG_COUNT,
+];
+
+/// The figures of an SGLang server's line on the console (counters' totals; the snapshots are
+/// sums over reports, meaningful only divided by `reports`).
+pub static CONSOLE: [SummaryField; 5] = [
+    SummaryField::total("requests", &NUM_REQUESTS),
+    SummaryField::total("prompt_tokens", &PROMPT_TOKENS),
+    SummaryField::total("generation_tokens", &GENERATION_TOKENS),
+    SummaryField::total("cached_tokens", &CACHED_TOKENS),
+    SummaryField::total("reports", &LOG_COUNT),
 ];
 
 /// One statistics report of a scheduler: each snapshot it carries is added, and counted.

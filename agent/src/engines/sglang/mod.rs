@@ -6,6 +6,7 @@ pub mod dispatch_start;
 pub mod log;
 pub mod losses;
 pub mod metrics;
+pub mod recognition;
 pub mod retractions;
 pub mod scheduler_loop;
 pub mod spans;
@@ -18,14 +19,13 @@ use tracker::{SglangStats, SglangTrace, SglangTracker};
 
 use crate::{
     decode::flows::Decoded,
-    discover::{
-        engine::{Engine, Role},
-        sockets::FdKind,
-    },
+    discover::{engine::Role, recognition::Recognition, sockets::FdKind},
     engines::{
+        Engine,
         common::{handoff::HandoffStats, instance::InstanceCore, iteration_work::IterationWork},
         engine::{EngineInstance, EngineKind, Output, default_fd_action},
     },
+    export::console::SummaryField,
     telemetry::{
         agent_metrics,
         metrics::{MetricDef, Registry},
@@ -48,8 +48,16 @@ impl EngineKind for Sglang {
         Engine::Sglang
     }
 
+    fn recognition(&self) -> &'static Recognition {
+        &recognition::RECOGNITION
+    }
+
     fn metrics(&self) -> Vec<&'static MetricDef> {
         [&metrics::ALL[..], &losses::ALL[..]].concat()
+    }
+
+    fn console_fields(&self) -> &'static [SummaryField] {
+        &metrics::CONSOLE
     }
 
     fn decoded_kind(&self, role: &Role, kind: FdKind, fd: u32) -> FdKind {

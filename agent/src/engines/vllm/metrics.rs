@@ -4,121 +4,106 @@
 //! requests when the engine reports them finished (a request the frontend aborted is not a
 //! finished request for vLLM either).
 use super::tracker::{StepReport, VllmTimeline, VllmTrace, engine_side};
-use crate::telemetry::{
-    Clock,
-    api_metrics::{USAGE_TOKENS, api_usage},
-    metrics::{Dimensions, Kind, MetricDef, Registry},
+use crate::{
+    export::console::SummaryField,
+    telemetry::{
+        Clock,
+        api_metrics::{USAGE_TOKENS, api_usage},
+        metrics::{Dimensions, MetricDef, Registry},
+    },
 };
 
-const fn counter(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
-    MetricDef {
-        name,
-        kind: Kind::Counter,
-        unit,
-        description,
-    }
-}
-
-const fn gauge(name: &'static str, unit: &'static str, description: &'static str) -> MetricDef {
-    MetricDef {
-        name,
-        kind: Kind::Gauge,
-        unit,
-        description,
-    }
-}
-
-pub const ITER_COUNT: MetricDef = counter(
+pub const ITER_COUNT: MetricDef = MetricDef::counter(
     "vllm_iter_count",
     "Times",
     "The number of engine scheduling iterations.",
 );
-pub const REQUEST_SUCCESS: MetricDef = counter(
+pub const REQUEST_SUCCESS: MetricDef = MetricDef::counter(
     "gen_ai_vllm_request_success",
     "Times",
     "The number of successfully completed requests.",
 );
-pub const FIRST_TOKEN_SECONDS: MetricDef = counter(
+pub const FIRST_TOKEN_SECONDS: MetricDef = MetricDef::counter(
     "genai_llm_first_token_seconds",
     "Seconds",
     "The cumulative time to first token.",
 );
-pub const TIME_PER_OUTPUT_TOKEN: MetricDef = counter(
+pub const TIME_PER_OUTPUT_TOKEN: MetricDef = MetricDef::counter(
     "gen_ai_server_time_per_output_token",
     "Seconds",
     "The cumulative time per output token.",
 );
-pub const REQUEST_DURATION: MetricDef = counter(
+pub const REQUEST_DURATION: MetricDef = MetricDef::counter(
     "gen_ai_server_request_duration",
     "Seconds",
     "The cumulative end-to-end duration of requests.",
 );
-pub const NUM_RUNNING: MetricDef = gauge(
+pub const NUM_RUNNING: MetricDef = MetricDef::gauge(
     "gen_ai_vllm_num_requests_running",
     "Count",
     "The number of requests in the running batch.",
 );
-pub const NUM_WAITING: MetricDef = gauge(
+pub const NUM_WAITING: MetricDef = MetricDef::gauge(
     "gen_ai_vllm_num_requests_waiting",
     "Count",
     "The number of requests waiting to be processed.",
 );
-pub const KV_CACHE_USAGE: MetricDef = gauge(
+pub const KV_CACHE_USAGE: MetricDef = MetricDef::gauge(
     "gen_ai_vllm_kv_cache_usage_perc",
     "Ratio",
     "KV cache usage, in the range of [0,1].",
 );
-pub const PREFIX_CACHE_QUERIES: MetricDef = counter(
+pub const PREFIX_CACHE_QUERIES: MetricDef = MetricDef::counter(
     "gen_ai_vllm_prefix_cache_queries",
     "Count",
     "The number of tokens queried in the prefix cache.",
 );
-pub const PREFIX_CACHE_HITS: MetricDef = counter(
+pub const PREFIX_CACHE_HITS: MetricDef = MetricDef::counter(
     "gen_ai_vllm_prefix_cache_hits",
     "Count",
     "The number of tokens that hit the prefix cache.",
 );
-pub const NUM_PREEMPTIONS: MetricDef = counter(
+pub const NUM_PREEMPTIONS: MetricDef = MetricDef::counter(
     "gen_ai_vllm_num_preemptions",
     "Times",
     "The cumulative number of engine preemptions.",
 );
-pub const PROMPT_TOKENS: MetricDef = counter(
+pub const PROMPT_TOKENS: MetricDef = MetricDef::counter(
     "gen_ai_vllm_prompt_tokens",
     "Count",
     "The number of tokens processed by Prefill.",
 );
-pub const GENERATION_TOKENS: MetricDef = counter(
+pub const GENERATION_TOKENS: MetricDef = MetricDef::counter(
     "gen_ai_vllm_generation_tokens",
     "Count",
     "The number of generated tokens.",
 );
-pub const PARAMS_N: MetricDef = counter(
+pub const PARAMS_N: MetricDef = MetricDef::counter(
     "gen_ai_vllm_request_params_n",
     "Count",
     "The cumulative value of the request n parameter.",
 );
-pub const PARAMS_MAX_TOKENS: MetricDef = counter(
+pub const PARAMS_MAX_TOKENS: MetricDef = MetricDef::counter(
     "gen_ai_vllm_request_params_max_tokens",
     "Count",
     "The cumulative value of the request max_tokens parameter.",
 );
-pub const QUEUE_TIME: MetricDef = counter(
+pub const QUEUE_TIME: MetricDef = MetricDef::counter(
     "gen_ai_vllm_request_queue_time_seconds",
     "Seconds",
     "The cumulative duration of requests in the WAITING stage.",
 );
-pub const PREFILL_TIME: MetricDef = counter(
+pub const PREFILL_TIME: MetricDef = MetricDef::counter(
     "gen_ai_vllm_request_prefill_time_seconds",
     "Seconds",
     "The cumulative Prefill stage duration of requests.",
 );
-pub const DECODE_TIME: MetricDef = counter(
+pub const DECODE_TIME: MetricDef = MetricDef::counter(
     "gen_ai_vllm_request_decode_time_seconds",
     "Seconds",
     "The cumulative Decode stage duration of requests.",
 );
-pub const INFERENCE_TIME: MetricDef = counter(
+pub const INFERENCE_TIME: MetricDef = MetricDef::counter(
     "gen_ai_vllm_request_inference_time_seconds",
     "Seconds",
     "The cumulative duration of requests in the RUNNING stage.",
@@ -146,6 +131,18 @@ pub static ALL: [&MetricDef; 20] = [
     &PREFILL_TIME,
     &DECODE_TIME,
     &INFERENCE_TIME,
+];
+
+/// The figures of a vLLM server's line on the console: counters' totals, the latest gauges.
+pub static CONSOLE: [SummaryField; 8] = [
+    SummaryField::total("requests", &REQUEST_SUCCESS),
+    SummaryField::total("prompt_tokens", &PROMPT_TOKENS),
+    SummaryField::total("generation_tokens", &GENERATION_TOKENS),
+    SummaryField::total("iterations", &ITER_COUNT),
+    SummaryField::total("preemptions", &NUM_PREEMPTIONS),
+    SummaryField::total("running", &NUM_RUNNING),
+    SummaryField::total("waiting", &NUM_WAITING),
+    SummaryField::percent("kv_cache", &KV_CACHE_USAGE),
 ];
 
 /// Records vLLM steps and finished requests into a registry.
@@ -256,6 +253,7 @@ mod tests {
         decode::openai::{ApiCall, Operation, Usage},
         engines::common::join::ApiExchange,
         engines::vllm::wire::{FinishReason, PrefixCacheStats, Sampling, SchedulerStats},
+        telemetry::metrics::Kind,
         telemetry::metrics::Sample,
     };
 

@@ -3,6 +3,7 @@
 //! traced server (an instance).
 pub mod losses;
 pub mod metrics;
+pub mod recognition;
 pub mod spans;
 pub mod tracker;
 pub mod wire;
@@ -14,14 +15,13 @@ use wire::{SCHEMAS, VllmDecoder, schema_for_version};
 
 use crate::{
     decode::flows::Decoded,
-    discover::{
-        engine::{Engine, Role},
-        sockets::FdKind,
-    },
+    discover::{engine::Role, recognition::Recognition, sockets::FdKind},
     engines::{
+        Engine,
         common::{handoff::HandoffStats, instance::InstanceCore, iteration_work::IterationWork},
         engine::{EngineInstance, EngineKind, Output},
     },
+    export::console::SummaryField,
     telemetry::{
         agent_metrics,
         metrics::{MetricDef, Registry},
@@ -39,8 +39,16 @@ impl EngineKind for Vllm {
         Engine::Vllm
     }
 
+    fn recognition(&self) -> &'static Recognition {
+        &recognition::RECOGNITION
+    }
+
     fn metrics(&self) -> Vec<&'static MetricDef> {
         [&metrics::ALL[..], &losses::ALL[..]].concat()
+    }
+
+    fn console_fields(&self) -> &'static [SummaryField] {
+        &metrics::CONSOLE
     }
 
     fn decoded_kind(&self, role: &Role, kind: FdKind, _fd: u32) -> FdKind {
