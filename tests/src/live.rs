@@ -6,7 +6,7 @@ use std::{
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -109,6 +109,11 @@ pub fn post(port: u16, path: &str, body: &str) -> String {
     )
 }
 
+/// The gauges of vLLM's /metrics that say a request is still in the engine.
+pub const VLLM_BUSY: [&str; 2] = ["vllm:num_requests_running", "vllm:num_requests_waiting"];
+/// SGLang's.
+pub const SGLANG_BUSY: [&str; 2] = ["sglang:num_running_reqs", "sglang:num_queue_reqs"];
+
 /// Stops what it holds when the test ends, however it ends.
 #[derive(Default)]
 pub struct Cleanup {
@@ -168,23 +173,51 @@ impl Cleanup {
     }
 }
 
+/// A running `infertrace attach`. Its stderr is read as it comes (a full pipe would stall the
+/// agent) and kept for [`stop`].
+pub struct Agent {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    /// Where it serves Prometheus.
+    pub prom_port: u16,
+}
+
+impl Drop for Agent {
+    /// A test that failed before [`stop`] leaves no agent attached.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Agent {
+    /// Its stderr so far.
+    pub fn log(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
 /// `infertrace attach` writing JSONL to `ours`, its Python profile's folded stacks next to it
 /// ([`profile_of`]), and serving Prometheus on `prom_port`; returns once it is attached.
-pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Child {
+pub fn attach(pid: &str, ours: &Path, prom_port: u16) -> Agent {
     attach_with(pid, ours, prom_port, &[])
 }
 
 /// [`attach`] with `extra` arguments.
-pub fn attach_with(pid: &str, ours: &Path, prom_port: u16, extra: &[&str]) -> Child {
+pub fn attach_with(pid: &str, ours: &Path, prom_port: u16, extra: &[&str]) -> Agent {
     attach_to(&[pid], ours, prom_port, extra)
 }
 
 /// [`attach_with`] to several servers at once (one `--pid` each).
-pub fn attach_to(pids: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> Child {
+pub fn attach_to(pids: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> Agent {
     // Why a request's SGLang loop view was left out, should a test fail on it.
     let log = std::env::var("INFERTRACE_LOG")
         .unwrap_or_else(|_| "info,infertrace::engines::sglang::scheduler_loop=debug".into());
-    let agent = Command::new(infertrace_bin())
+    let mut child = Command::new(infertrace_bin())
         .env("INFERTRACE_LOG", log)
         .arg("attach")
         .args(pids.iter().flat_map(|pid| ["--pid", pid]))
@@ -198,17 +231,98 @@ pub fn attach_to(pids: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> 
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting infertrace attach");
-    // Attached once the Prometheus endpoint answers (it starts after the programs are loaded).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(("127.0.0.1", prom_port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "infertrace did not attach in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(1));
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let mut pipe = child.stderr.take().expect("the agent's stderr");
+    let kept = stderr.clone();
+    let reader = std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+            let text = String::from_utf8_lossy(&chunk[..n]);
+            kept.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_str(&text);
+        }
+    });
+    let mut agent = Agent {
+        child,
+        stderr,
+        reader: Some(reader),
+        prom_port,
+    };
+    // session.rs logs this once every program is attached and every process scanned.
+    let attached = wait_for(Duration::from_secs(60), || {
+        agent.log().contains("attached: tracing")
+            || agent.child.try_wait().is_ok_and(|s| s.is_some())
+    });
+    let log = agent.log();
+    assert!(
+        attached && log.contains("attached: tracing"),
+        "infertrace did not attach within 60 s:\n{log}"
+    );
     agent
+}
+
+/// Poll `done` every 50 ms until it holds or `timeout` has passed; whether it held.
+pub fn wait_for(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Wait (at most a minute) until the agent has counted as many finished requests as the
+/// engine on `engine_port`: the agent's `ours` counter on its Prometheus endpoint equals the
+/// engine's `theirs` (above zero) on its `/metrics`. Should it never, the comparison that follows says
+/// what differs.
+pub fn wait_until_traced(agent: &Agent, engine_port: u16, ours: &str, theirs: &str) {
+    let total = |port, name| crate::vllm_truth::prom(&get(port, "/metrics"), name, &[]);
+    let caught_up = wait_for(Duration::from_secs(60), || {
+        let theirs = total(engine_port, theirs);
+        theirs > 0.0 && total(agent.prom_port, ours) == theirs
+    });
+    if !caught_up {
+        eprintln!("the agent's {ours} never reached the engine's {theirs} in 60 s");
+    }
+}
+
+/// Wait (at most a minute) until the agent has reported every request it saw: its
+/// `infertrace_traces_total` (written every metrics interval, 1 s here) above zero and the
+/// same over a second and a half. For an idle engine; a busy one never settles.
+pub fn wait_until_settled(agent: &Agent) {
+    let traces = || {
+        crate::vllm_truth::prom(
+            &get(agent.prom_port, "/metrics"),
+            "infertrace_traces_total",
+            &[],
+        )
+    };
+    let mut last = traces();
+    let settled = wait_for(Duration::from_secs(60), || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let now = traces();
+        let same = now > 0.0 && now == last;
+        last = now;
+        same
+    });
+    if !settled {
+        eprintln!("the agent's trace count still moved after 60 s");
+    }
+}
+
+/// The spans in the JSONL `ours` whose name contains `text`.
+pub fn count_spans(ours: &Path, text: &str) -> usize {
+    std::fs::read_to_string(ours)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["name"].as_str().is_some_and(|n| n.contains(text)))
+        .count()
 }
 
 /// Where [`attach`] writes the folded Python stacks of a run whose JSONL goes to `ours`.
@@ -268,19 +382,17 @@ pub fn thread_roles(ours: &Path) -> std::collections::BTreeSet<String> {
 }
 
 /// SIGTERM (which flushes everything); returns the agent's stderr.
-pub fn stop(mut agent: Child) -> String {
+pub fn stop(mut agent: Agent) -> String {
     let term = Command::new("kill")
-        .args(["-TERM", &agent.id().to_string()])
+        .args(["-TERM", &agent.child.id().to_string()])
         .status();
     assert!(term.is_ok_and(|s| s.success()), "kill -TERM infertrace");
-    let mut stderr = String::new();
-    agent
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    assert!(agent.wait().unwrap().success(), "{stderr}");
+    let status = agent.child.wait().unwrap();
+    if let Some(reader) = agent.reader.take() {
+        let _ = reader.join();
+    }
+    let stderr = agent.log();
+    assert!(status.success(), "{stderr}");
     stderr
 }
 
@@ -333,6 +445,22 @@ pub struct OtlpReceiver {
 }
 
 impl OtlpReceiver {
+    /// Wait (at most `timeout`) until the engine has exported at least `at_least` spans whose
+    /// name contains `text` (its exporter sends in batches, every 0.5 s to 5 s); whether it has.
+    pub fn wait_for_spans(&self, text: &str, at_least: usize, timeout: Duration) -> bool {
+        let got = wait_for(timeout, || {
+            let query = text.replace(' ', "%20");
+            get(self.http_port, &format!("/count?contains={query}"))
+                .trim()
+                .parse::<usize>()
+                .is_ok_and(|n| n >= at_least)
+        });
+        if !got {
+            eprintln!("the engine exported fewer than {at_least} '{text}' spans in {timeout:?}");
+        }
+        got
+    }
+
     /// Write everything received so far (one JSON line per span) and wait until it is written.
     pub fn write_out(&self) {
         let answer = post(self.http_port, "/flush", "");

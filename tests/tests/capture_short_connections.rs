@@ -8,7 +8,7 @@ use std::{
     net::TcpStream,
     process::{Command, Stdio},
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use infertrace_tests::{Script, fixture, infertrace_bin};
@@ -24,14 +24,27 @@ fn back_to_back_one_request_connections_are_all_decoded() {
         .strip_prefix("ready ")
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("server said {ready:?}"));
+    // stderr to a file, read while it runs: it says when the agent is attached.
+    let log_path =
+        std::env::temp_dir().join(format!("short-connections-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).expect("the agent's log file");
     let agent = Command::new(infertrace_bin())
         .args(["attach", "--pid", &server.pid().to_string()])
         .args(["--messages", "--output", "none", "--duration", "15"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(log)
         .spawn()
         .expect("starting infertrace");
-    thread::sleep(Duration::from_secs(3));
+    let agent_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !agent_log().contains("attached:") {
+        assert!(
+            Instant::now() < deadline,
+            "never attached:\n{}",
+            agent_log()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
     for i in 0..CONNECTIONS {
         let body = format!("{i:010}");
         let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -46,7 +59,8 @@ fn back_to_back_one_request_connections_are_all_decoded() {
     }
     let out = agent.wait_with_output().expect("infertrace output");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = agent_log();
+    let _ = std::fs::remove_file(&log_path);
     let exchanges = stdout
         .lines()
         .filter(|l| l.contains("POST /echo") && l.contains("-> 200"))

@@ -701,7 +701,7 @@ enum When {
     /// Right after the client read the response: what was captured may still be in the ring
     /// buffer, and the agent must flush it before exiting.
     RightAfterTheExchange,
-    /// Once the agent printed the exchange and had a moment to go idle.
+    /// Once the agent printed the exchange and every thread of it is asleep.
     Idle,
 }
 
@@ -728,7 +728,23 @@ fn stops_cleanly_on(signal: &str, when: When, extra: &[&str]) {
             agent.stdout(),
             agent.stderr()
         );
-        thread::sleep(Duration::from_millis(300));
+        // Idle: every thread of the agent asleep (waiting on the ring buffer or a timer).
+        let task = format!("/proc/{}/task", agent.pid());
+        let asleep = || {
+            std::fs::read_dir(&task).is_ok_and(|threads| {
+                threads.flatten().all(|t| {
+                    std::fs::read_to_string(t.path().join("stat"))
+                        .ok()
+                        .and_then(|stat| Some(stat.rsplit_once(") ")?.1.starts_with('S')))
+                        .unwrap_or(true)
+                })
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !asleep() {
+            assert!(Instant::now() < deadline, "the agent never went idle");
+            thread::sleep(Duration::from_millis(10));
+        }
     }
     agent.signal(signal);
     let signalled = Instant::now();

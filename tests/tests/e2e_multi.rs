@@ -15,8 +15,8 @@ use std::{
 
 use infertrace_tests::{
     live::{
-        self, Cleanup, OtlpReceiver, attach_to, free_port, get, only_instance, otlp_receiver, stop,
-        temp_dir, wait_until_idle,
+        self, Agent, Cleanup, OtlpReceiver, attach_to, count_spans, free_port, get, only_instance,
+        otlp_receiver, stop, temp_dir, wait_until_idle, wait_until_settled,
     },
     sglang_truth, vllm_truth,
 };
@@ -28,6 +28,9 @@ const SGLANG_PORT: u16 = 18479;
 /// 100 values for vLLM, over 200 for SGLang.
 const VLLM_ROUNDS: u32 = 4;
 const SGLANG_ROUNDS: u32 = 10;
+/// How long an engine may take to export its last spans (its span processors send every
+/// 500 ms, SGLang, and 5 s, vLLM).
+const EXPORT_WAIT: Duration = Duration::from_secs(30);
 
 /// One server of the run: its port, its own tracing's receiver and what its client sent.
 struct Server {
@@ -48,7 +51,7 @@ fn start_vllm(cleanup: &mut Cleanup, dir: &Path, port: u16) -> Server {
     let pid = live::start_compared_vllm(cleanup, port, &receiver);
     Server {
         port,
-        busy: ["vllm:num_requests_running", "vllm:num_requests_waiting"],
+        busy: live::VLLM_BUSY,
         pid,
         receiver,
         truth,
@@ -67,7 +70,7 @@ fn start_sglang(cleanup: &mut Cleanup, dir: &Path) -> Server {
     let pid = live::start_traced_sglang(cleanup, SGLANG_PORT, &receiver, &args, &[]);
     Server {
         port: SGLANG_PORT,
-        busy: ["sglang:num_running_reqs", "sglang:num_queue_reqs"],
+        busy: live::SGLANG_BUSY,
         pid,
         receiver,
         truth,
@@ -77,7 +80,7 @@ fn start_sglang(cleanup: &mut Cleanup, dir: &Path) -> Server {
 }
 
 /// `infertrace attach` on every server, each server's /metrics read once it is attached.
-fn attach_all(servers: &mut [&mut Server], ours: &Path) -> std::process::Child {
+fn attach_all(servers: &mut [&mut Server], ours: &Path) -> Agent {
     let pids: Vec<&str> = servers.iter().map(|s| s.pid.as_str()).collect();
     let agent = attach_to(&pids, ours, free_port(), &[]);
     for server in servers.iter_mut() {
@@ -89,15 +92,12 @@ fn attach_all(servers: &mut [&mut Server], ours: &Path) -> std::process::Child {
 /// Stop the agent once every server has nothing running or queued (the client's aborted
 /// requests run on in the engine until it notices), and check that every span line is of one
 /// of them; the agent's stderr.
-fn stop_when_idle(agent: std::process::Child, ours: &Path, servers: &[&Server]) -> String {
+fn stop_when_idle(agent: Agent, ours: &Path, servers: &[&Server]) -> String {
     for server in servers {
         wait_until_idle(server.port, &server.busy);
     }
-    // A few metrics intervals (1 s), so that the last reports reach the agent's output.
-    std::thread::sleep(Duration::from_secs(2));
+    wait_until_settled(&agent);
     let stderr = stop(agent);
-    // The engines' span processors export every 500 ms (SGLang) and 5 s (vLLM).
-    std::thread::sleep(Duration::from_secs(6));
     every_line_has_its_server(ours, servers, &stderr);
     stderr
 }
@@ -133,6 +133,10 @@ fn check_vllm(server: &Server, ours: &Path, dir: &Path, stderr: &str) {
     let client = dir.join(format!("client-{}.json", server.port));
     live::merge_client_records(&server.client_parts, &client);
     let after = get(server.port, "/metrics");
+    let ours_spans = count_spans(&mine, "llm_request");
+    server
+        .receiver
+        .wait_for_spans("llm_request", ours_spans, EXPORT_WAIT);
     server.receiver.write_out();
     let report = vllm_truth::compare(&mine, &server.truth, &client, &server.before, &after);
     report.print_and_check(&format!("vLLM on port {}:\n", server.port), stderr);
@@ -143,6 +147,10 @@ fn check_sglang(server: &Server, ours: &Path, dir: &Path, stderr: &str) {
     let mine = dir.join(format!("ours-{}.jsonl", server.pid));
     only_instance(ours, &server.pid, &mine);
     let after = get(server.port, "/metrics");
+    let ours_spans = count_spans(&mine, " Req ");
+    server
+        .receiver
+        .wait_for_spans(" Req ", ours_spans, EXPORT_WAIT);
     server.receiver.write_out();
     let bounds = sglang_truth::ONE_SCHEDULER;
     let report = sglang_truth::compare_run(&mine, &server.truth, bounds, &server.before, &after);

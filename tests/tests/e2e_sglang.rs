@@ -24,8 +24,8 @@ use std::{
 
 use infertrace_tests::{
     live::{
-        self, Cleanup, EngineKind, OtlpReceiver, attach, free_port, get, otlp_receiver, profile_of,
-        sampled_stacks, script, stop, temp_dir, thread_roles, workload,
+        self, Agent, Cleanup, EngineKind, OtlpReceiver, attach, free_port, get, otlp_receiver,
+        profile_of, sampled_stacks, script, stop, temp_dir, thread_roles, workload,
     },
     sglang_truth, vllm_truth,
 };
@@ -67,6 +67,30 @@ impl TracedRun {
     /// its main process's pid.
     fn start_engine(&mut self, args: &[&str], envs: &[(&str, &str)]) -> String {
         live::start_traced_sglang(&mut self.cleanup, PORT, &self.receiver, args, envs)
+    }
+
+    /// Wait until SGLang has nothing running or queued (a client's abandoned calls end when
+    /// SGLang notices the client gone, its 4 s poll) and the agent has counted every request
+    /// SGLang finished.
+    fn wait_until_traced(&self, agent: &Agent) {
+        live::wait_until_idle(PORT, &live::SGLANG_BUSY);
+        live::wait_until_traced(
+            agent,
+            PORT,
+            "num_requests_total",
+            "sglang:num_requests_total",
+        );
+    }
+
+    /// Stop the agent, wait for SGLang's last spans (its batch span processor exports every
+    /// 500 ms), and have the receiver write them out; the agent's stderr.
+    fn stop(&self, agent: Agent) -> String {
+        let stderr = stop(agent);
+        let spans = live::count_spans(&self.ours, " Req ");
+        self.receiver
+            .wait_for_spans(" Req ", spans, Duration::from_secs(30));
+        self.receiver.write_out();
+        stderr
     }
 
     /// Stop the engine and the receiver, and remove the run's files.
@@ -125,13 +149,10 @@ fn spans_match_sglangs_own_tracing(
     // SGLang's /health sends a real one-token generate: not a user request.
     get(PORT, "/health");
     native_workload(&client);
-    std::thread::sleep(Duration::from_secs(2));
+    run.wait_until_traced(&agent);
     let after = get(PORT, "/metrics");
     let log_end = log_length(&log_file);
-    let stderr = stop(agent);
-    // SGLang's batch span processor exports every 500 ms.
-    std::thread::sleep(Duration::from_secs(5));
-    run.receiver.write_out();
+    let stderr = run.stop(agent);
     let mut report = sglang_truth::compare_run(&ours, &truth, bounds, &before, &after);
     let log = std::fs::read(&log_file).expect("SGLang's log");
     let attached = String::from_utf8_lossy(&log[log_start..log_end.min(log.len())]);
@@ -230,11 +251,8 @@ fn sglang_retractions_match_sglangs_own_retract_events() {
         &client,
         &["--quick", "--long-tokens", "450", "--seed", "0"],
     );
-    // The workload's abandoned calls end when SGLang notices the client gone (its 4 s poll).
-    std::thread::sleep(Duration::from_secs(8));
-    let stderr = stop(agent);
-    std::thread::sleep(Duration::from_secs(5));
-    run.receiver.write_out();
+    run.wait_until_traced(&agent);
+    let stderr = run.stop(agent);
     // "N retractions placed (M whose request was not certain left out)"
     let unplaced = stderr
         .split(" retractions placed (")
@@ -283,10 +301,8 @@ fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
         .status()
         .expect("running native_workload.py");
     assert!(status.success(), "native_workload.py --pd-decode failed");
-    std::thread::sleep(Duration::from_secs(2));
-    let stderr = stop(agent);
-    std::thread::sleep(Duration::from_secs(5));
-    run.receiver.write_out();
+    run.wait_until_traced(&agent);
+    let stderr = run.stop(agent);
     let records: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&client).expect("the client's records"))
             .expect("the client's records as JSON");

@@ -54,7 +54,14 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
         })
         .collect();
     live::merge_client_records(&rounds, &client);
-    std::thread::sleep(Duration::from_secs(3));
+    // The client's aborted requests run on in the engine until it notices.
+    live::wait_until_idle(PORT, &live::VLLM_BUSY);
+    live::wait_until_traced(
+        &agent,
+        PORT,
+        "gen_ai_vllm_request_success",
+        "vllm:request_success_total",
+    );
     let after = get(PORT, "/metrics");
     let scraped = get(prom_port, "/metrics");
     for name in [
@@ -70,8 +77,9 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
         );
     }
     let stderr = stop(agent);
-    // Give vLLM time to export its last spans (batch processor, 5 s).
-    std::thread::sleep(Duration::from_secs(6));
+    // vLLM's batch span processor exports every 5 s.
+    let spans = live::count_spans(&ours, "llm_request");
+    receiver.wait_for_spans("llm_request", spans, Duration::from_secs(30));
 
     receiver.write_out();
     let report = vllm_truth::compare(&ours, &truth, &client, &before, &after);
@@ -116,7 +124,7 @@ fn vllm_iteration_events_carry_the_engines_python_samples() {
     let api_pid = fresh_vllm(&mut cleanup, &[], &[]);
     let agent = live::attach_with(&api_pid, &ours, free_port(), &["--granularity", "2"]);
     workload(&client, &["--quick"]);
-    std::thread::sleep(Duration::from_secs(2));
+    live::wait_until_settled(&agent);
     let stderr = stop(agent);
     let (iterations, samples) = live::iteration_samples(&ours);
     println!("iteration events with samples: {iterations}, {samples:?}");
@@ -149,7 +157,7 @@ fn vllm_without_log_stats_marks_what_it_could_not_measure() {
     let api_pid = fresh_vllm(&mut cleanup, &["--disable-log-stats"], &[]);
     let agent = attach(&api_pid, &ours, free_port());
     workload(&client, &["--quick"]);
-    std::thread::sleep(Duration::from_secs(2));
+    live::wait_until_settled(&agent);
     let stderr = stop(agent);
     let spans: Vec<serde_json::Value> = vllm_truth::json_lines(&ours)
         .into_iter()
@@ -248,7 +256,7 @@ fn vllm_embeddings_and_rerank() {
             serde_json::from_str(&post(PORT, path, body)).unwrap_or_else(|e| panic!("{path}: {e}"));
         answers.push(answer);
     }
-    std::thread::sleep(Duration::from_secs(2));
+    live::wait_until_settled(&agent);
     let stderr = stop(agent);
     let spans: Vec<serde_json::Value> = vllm_truth::json_lines(&ours)
         .into_iter()
