@@ -9,6 +9,7 @@
 #        PY_OTLP (target/test-venv/bin/python: a python with grpcio + opentelemetry-proto)
 #        WORKLOAD_ARGS (--quick --long-tokens 450: this tokenizer makes ~910 tokens of it; workload.py's
 #        default 1000 gives 2063, over the 2048 context)  OTLP_HTTP_PORT / OTLP_GRPC_PORT (24528 / 24527)
+#        ENGINE_ARGS (more arguments for SGLang, e.g. --max-running-requests 8)  NAME (the files' stem)
 set -euo pipefail
 OUT=$(realpath "${1:?usage: $0 OUT_DIR pickle|msgpack}"); MODE=${2:?usage: $0 OUT_DIR pickle|msgpack}
 export SGLANG_HOME=${SGLANG_HOME:-/var/tmp/infertrace-sglang}
@@ -35,7 +36,8 @@ RECV=$!
 trap 'kill $RECV 2>/dev/null || true' EXIT
 sleep 2
 kill -0 "$RECV" 2>/dev/null || { echo "the OTLP receiver died:"; cat "$LOGS/otlp-receiver.log"; exit 1; }
-TRACE=1 OTLP=127.0.0.1:$GRPC_P SGLANG_TRACE_LEVEL=3 cargo xtask engine sglang start --port "$PORT" -- --enable-metrics
+# shellcheck disable=SC2086
+TRACE=1 OTLP=127.0.0.1:$GRPC_P SGLANG_TRACE_LEVEL=3 cargo xtask engine sglang start --port "$PORT" -- --enable-metrics ${ENGINE_ARGS:-}
 MAIN=$(cat "$SGLANG_HOME/logs/sglang-$PORT.pid")
 sleep 3
 curl -sf "http://127.0.0.1:$PORT/metrics" > "$P.metrics-before.txt"

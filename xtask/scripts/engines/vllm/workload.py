@@ -2,7 +2,8 @@
 """Deterministic workload against an OpenAI-compatible server (vLLM / SGLang), stdlib only.
 
 usage: workload.py [--base http://127.0.0.1:8000] [--model tiny] [--out summary.json] [--seed 0]
-                   [--burst 12] [--burst-max-tokens 480] [--long 3] [--long-tokens 1000] [--quick]
+                   [--burst 12] [--burst-max-tokens 480] [--crowd 0] [--crowd-max-tokens 32]
+                   [--long 3] [--long-tokens 1000] [--quick]
 
 Phases, in order (each request gets explicit max_tokens and "ignore_eos": true, so output
 lengths are known; greedy sampling except the n=2 requests, which carry a fixed seed):
@@ -12,6 +13,11 @@ lengths are known; greedy sampling except the n=2 requests, which carry a fixed 
   burst    --burst concurrent requests (more than the server's --max-num-seqs) from as many
            threads, mixed endpoints / stream flags, ~150-token prompts, --burst-max-tokens each:
            queueing, and preemption when the KV cache is small
+  crowd    --crowd requests released at once from as many threads (a barrier), mixed chat /
+           completions and stream / non-stream, ~60-token prompts, --crowd-max-tokens each,
+           sampled (temperature 0.7, top_p 0.9): the server's frontend busy with arrivals while
+           the first outputs come back, and requests queued behind the engine's running limit
+           (none when --crowd is 0, the default)
   long     --long sequential ~--long-tokens-token prompts, 8 output tokens: chunked prefill
            when --max-num-batched-tokens is small
   abort    a streaming request whose socket is closed after the first SSE event; a
@@ -215,6 +221,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=12, help="concurrent requests (> --max-num-seqs)")
     ap.add_argument("--burst-max-tokens", type=int, default=480)
+    ap.add_argument("--crowd", type=int, default=0, help="requests released at once (0: none)")
+    ap.add_argument("--crowd-max-tokens", type=int, default=32)
     ap.add_argument("--long", type=int, default=3, help="number of long-prompt requests")
     ap.add_argument("--long-tokens", type=int, default=1000)
     ap.add_argument("--context", type=int, default=2048, help="the server's max model len")
@@ -257,6 +265,26 @@ def main():
         time.sleep(0.005)
     for t in threads:
         t.join()
+
+    # crowd: many requests released at once, sampled
+    if a.crowd:
+        gate = threading.Barrier(a.crowd)
+
+        def crowd_request(ep, body, tp):
+            gate.wait()
+            cl.request("crowd", ep, body, traceparent=tp)
+
+        crowd = []
+        for i in range(a.crowd):
+            ep = comp if i % 2 else chat
+            body = cl.body(ep, text(rng, 60, f"crowd{i}"), a.crowd_max_tokens,
+                           stream=(i % 4 in (1, 2)), usage=(i % 4 == 2))
+            body["temperature"], body["top_p"] = 0.7, 0.9
+            crowd.append(threading.Thread(target=crowd_request, args=(ep, body, i % 5 == 0)))
+        for t in crowd:
+            t.start()
+        for t in crowd:
+            t.join()
 
     # long prompts: chunked prefill
     for i in range(a.long):
