@@ -2,7 +2,7 @@
 //!
 //! SGLang's main process serializes a request right after it stamps the start of its
 //! `api_server_dispatch` stage, and serializes nothing it does not send: the entry marks the
-//! start of the dispatch that no syscall shows (agent/src/engines/dispatch_start.rs). The
+//! start of the dispatch that no syscall shows (agent/src/engines/sglang/dispatch_start.rs). The
 //! probe is attached for that process only; one record per call.
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::uprobe, programs::ProbeContext};
 use infertrace_common::kind;

@@ -3,7 +3,7 @@
 //! An asyncio (uvloop) loop waits in epoll once per iteration, and callbacks made ready in one
 //! iteration run in the next. vLLM's API server stamps an engine output an iteration after its
 //! loop took it off the socket, so userspace needs the loop thread's waits to find that
-//! instant (agent `engines/handoff.rs`). Only main threads are followed: that is where
+//! instant (agent `engines/common/handoff.rs`). Only main threads are followed: that is where
 //! asyncio runs, and other threads (libzmq's I/O threads) wait far more often.
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
