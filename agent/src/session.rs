@@ -62,14 +62,37 @@ pub struct Summary {
     pub python: PythonStats,
     /// Times the wall clock moved against the capture clock (stepped or slewed).
     pub clock_moves: u64,
+    /// The largest of those moves, in ns.
+    pub largest_clock_move_ns: u64,
+    /// CLOCK_REALTIME - CLOCK_MONOTONIC as the latest move (or the session's start) left it.
+    clock_offset: Option<i128>,
 }
 
 impl Summary {
+    /// A session whose wall clock was `offset` ahead of the capture clock when it began.
+    fn starting_at(offset: i128) -> Self {
+        Self {
+            clock_offset: Some(offset),
+            ..Self::default()
+        }
+    }
+
     /// Count one event on its way into the decoding stage.
     fn count(&mut self, event: &CaptureEvent) {
         match event {
             CaptureEvent::Counters(c) => self.kernel = *c,
-            CaptureEvent::Clock { .. } => self.clock_moves += 1,
+            CaptureEvent::Clock {
+                realtime_minus_monotonic_ns: offset,
+                ..
+            } => {
+                self.clock_moves += 1;
+                if let Some(previous) = self.clock_offset {
+                    let moved =
+                        u64::try_from((offset - previous).unsigned_abs()).unwrap_or(u64::MAX);
+                    self.largest_clock_move_ns = self.largest_clock_move_ns.max(moved);
+                }
+                self.clock_offset = Some(*offset);
+            }
             CaptureEvent::Kernel(record) => {
                 self.records += 1;
                 match record {
@@ -115,8 +138,10 @@ impl std::fmt::Display for Summary {
         if self.clock_moves > 0 {
             write!(
                 f,
-                "; the wall clock moved {} times (instants converted with the offset of their time)",
-                self.clock_moves
+                "; the wall clock moved {} times, by at most {:.1} µs (instants converted with the \
+                 offset of their time)",
+                self.clock_moves,
+                self.largest_clock_move_ns as f64 / 1e3
             )?;
         }
         let p = &self.python;
@@ -207,7 +232,7 @@ pub async fn run_live(
         None => None,
     };
     let mut flows = FlowTable::new();
-    let mut summary = Summary::default();
+    let mut summary = Summary::starting_at(realtime_minus_monotonic_ns());
     // SAFETY: the ring buffer fd belongs to `live`, which outlives `ring` (dropped first below).
     let ring =
         unsafe { AsyncFd::register_with_interest(RingFd(live.ring_fd()), Interest::READABLE) }
@@ -296,7 +321,7 @@ pub fn replay(
     let (mut reader, header) = Reader::open(BufReader::new(file))
         .with_context(|| format!("reading {}", path.display()))?;
     let mut flows = FlowTable::new();
-    let mut summary = Summary::default();
+    let mut summary = Summary::starting_at(header.realtime_minus_monotonic_ns);
     let mut last_ts = 0;
     let result = loop {
         match reader.next_event() {
@@ -359,4 +384,30 @@ pub fn replay_pipeline(
         p.finish(last_ns);
     }
     Ok((header, summary, pipeline))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_says_how_far_the_wall_clock_moved_at_most() {
+        let mut summary = Summary::starting_at(1_000_000);
+        let moved = |offset| CaptureEvent::Clock {
+            monotonic_ns: 5,
+            realtime_minus_monotonic_ns: offset,
+        };
+        summary.count(&moved(1_067_000));
+        summary.count(&moved(967_000));
+        summary.count(&moved(1_000_000));
+        assert_eq!(summary.clock_moves, 3);
+        // The second move, back by 100 µs, is the largest.
+        assert_eq!(summary.largest_clock_move_ns, 100_000);
+        assert!(
+            summary
+                .to_string()
+                .contains("the wall clock moved 3 times, by at most 100.0 µs"),
+            "{summary}"
+        );
+    }
 }

@@ -152,7 +152,7 @@ fn check_sglang(server: &Server, ours: &Path, dir: &Path, stderr: &str) {
         .receiver
         .wait_for_spans(" Req ", ours_spans, EXPORT_WAIT);
     server.receiver.write_out();
-    let bounds = sglang_truth::ONE_SCHEDULER;
+    let bounds = sglang_truth::ONE_SCHEDULER.with_clock_of(stderr);
     let report = sglang_truth::compare_run(&mine, &server.truth, bounds, &server.before, &after);
     report.print_and_check("SGLang:\n", stderr);
 }

@@ -153,6 +153,7 @@ fn spans_match_sglangs_own_tracing(
     let after = get(PORT, "/metrics");
     let log_end = log_length(&log_file);
     let stderr = run.stop(agent);
+    let bounds = bounds.with_clock_of(&stderr);
     let mut report = sglang_truth::compare_run(&ours, &truth, bounds, &before, &after);
     let log = std::fs::read(&log_file).expect("SGLang's log");
     let attached = String::from_utf8_lossy(&log[log_start..log_end.min(log.len())]);
@@ -313,7 +314,7 @@ fn sglang_pd_decode_server_spans_match_sglangs_own_tracing() {
         .filter(|r| r["stream"] == true)
         .filter_map(|r| r["rid"].as_str())
         .collect();
-    let bounds = sglang_truth::PD_DECODE_ON_2_CORES;
+    let bounds = sglang_truth::PD_DECODE_ON_2_CORES.with_clock_of(&stderr);
     let mut report = sglang_truth::compare(&ours, &truth, bounds);
     report.add(sglang_truth::compare_pd_decode(
         &ours, &truth, &streamed, bounds,
