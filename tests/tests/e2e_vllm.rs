@@ -24,6 +24,10 @@ const PORT: u16 = 18471;
 /// request whose loop the 2-core machine held off the CPU (or ran other requests' callbacks
 /// before vLLM's stamp) decides it.
 const ROUNDS: u32 = 4;
+/// Requests each round releases at once (workload.py --crowd): six times the engine's
+/// `--max-num-seqs` 4, so that the API server is busy with arrivals while the first outputs
+/// come back and most of them queue.
+const CROWD: &str = "24";
 
 /// A fresh vLLM on `PORT`; returns the API server's pid.
 fn fresh_vllm(cleanup: &mut Cleanup, serve_args: &[&str], envs: &[(&str, &str)]) -> String {
@@ -49,7 +53,7 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
     let rounds: Vec<_> = (0..ROUNDS)
         .map(|round| {
             let part = dir.join(format!("client-{round}.json"));
-            workload(&part, &["--seed", &round.to_string()]);
+            workload(&part, &["--crowd", CROWD, "--seed", &round.to_string()]);
             part
         })
         .collect();
