@@ -34,6 +34,12 @@ const PORT: u16 = 18473;
 /// Rounds of workload.py --quick (22 calls, 24 engine requests of which 22 with a prefill
 /// latency, each): ten give every p99 over 200 values, so that it is their third largest.
 const ROUNDS: u32 = 10;
+/// Requests each round releases at once (workload.py --crowd): three times the engine's running
+/// limit ([`RUNNING_LIMIT`]), so that main is busy with arrivals while the first outputs come
+/// back and most of them queue.
+const CROWD: &str = "24";
+/// `--max-running-requests` of the comparison runs.
+const RUNNING_LIMIT: &str = "8";
 
 /// A live run against SGLang with its own tracing on: its files, and the receiver of SGLang's
 /// spans.
@@ -97,6 +103,7 @@ impl TracedRun {
     fn finish(self) {
         drop(self.cleanup);
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = &self.dir;
     }
 }
 
@@ -143,7 +150,15 @@ fn spans_match_sglangs_own_tracing(
         workload(
             PORT,
             &client,
-            &["--quick", "--long-tokens", "450", "--seed", &seed],
+            &[
+                "--quick",
+                "--long-tokens",
+                "450",
+                "--crowd",
+                CROWD,
+                "--seed",
+                &seed,
+            ],
         );
     }
     // SGLang's /health sends a real one-token generate: not a user request.
@@ -205,7 +220,12 @@ fn sglang_pickle_ipc_spans_match_sglangs_own_tracing() {
     spans_match_sglangs_own_tracing(
         "pickle",
         &[],
-        &["--chunked-prefill-size", "256"],
+        &[
+            "--chunked-prefill-size",
+            "256",
+            "--max-running-requests",
+            RUNNING_LIMIT,
+        ],
         sglang_truth::ONE_SCHEDULER,
     );
 }
@@ -215,7 +235,7 @@ fn sglang_msgpack_ipc_spans_match_sglangs_own_tracing() {
     spans_match_sglangs_own_tracing(
         "msgpack",
         &[("SGLANG_USE_PICKLE_IPC", "0")],
-        &[],
+        &["--max-running-requests", RUNNING_LIMIT],
         sglang_truth::ONE_SCHEDULER,
     );
 }

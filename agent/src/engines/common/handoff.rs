@@ -23,10 +23,13 @@
 //!   task decodes the message and puts it on an asyncio queue, and `output_handler`, woken by
 //!   the queue, runs in the iteration after. asyncio (uvloop) runs the callbacks made ready in
 //!   one iteration in the next one, after waiting in epoll, so `output_handler` runs once the
-//!   loop thread's first epoll wait that began after the read has returned. The agent follows
-//!   main threads' epoll waits ([`LoopWait`]); an engine whose tracker passes them on gets
-//!   that instant ([`Handoffs::loop_waited`]), and one that does not (SGLang's frontend
-//!   handles its outputs in the socket's task) keeps the read.
+//!   loop thread's first epoll wait that began after the read has returned. SGLang's frontend
+//!   handles its outputs in the socket's task: with pickle (its default) the task awaits
+//!   pyzmq's `recv_pyobj`, whose result reaches it through a second future chained to the
+//!   receive (one more callback: the next iteration too); with msgpack it awaits `recv` and
+//!   handles the output in the iteration of the read. How a message is handled once read is
+//!   its [`Handling`]; the agent follows main threads' epoll waits ([`LoopWait`], passed on
+//!   by [`Handoffs::loop_waited`]).
 //!
 //! Sending is the mirror image: the application thread's `send` queues the message and, when
 //! the I/O thread was idle, wakes it by writing the I/O thread's mailbox; the I/O thread's
@@ -97,12 +100,23 @@ impl std::ops::Add for HandoffStats {
     }
 }
 
+/// When the application handles a message its event loop took over (see the module's notes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handling {
+    /// In the iteration of the take-over: at the mailbox read.
+    AtTakeOver,
+    /// In the loop's next iteration: when the main thread's first epoll wait begun after the
+    /// take-over returns.
+    NextIteration,
+}
+
 /// A message received, waiting to learn when the loop took it.
 #[derive(Clone, Copy, Debug)]
 struct Arrival {
     ns: u64,
     /// Someone may ask about it (it carried request outputs).
     keep: bool,
+    handling: Handling,
 }
 
 /// One process's ZeroMQ sockets, as far as its wakeups tell.
@@ -143,11 +157,11 @@ pub struct Handoffs {
 }
 
 impl Handoffs {
-    /// Process `tgid` received an engine output message completed at `ns`. `keep`: its
-    /// take-over instant will be asked for.
-    pub fn received(&mut self, tgid: u32, ns: u64, keep: bool) {
+    /// Process `tgid` received an engine output message completed at `ns`, which it handles
+    /// as `handling` says. `keep`: its take-over instant will be asked for.
+    pub fn received(&mut self, tgid: u32, ns: u64, keep: bool, handling: Handling) {
         let process = self.processes.entry(tgid).or_default();
-        let arrival = Arrival { ns, keep };
+        let arrival = Arrival { ns, keep, handling };
         if let Some(waiting) = process.signalled.as_mut() {
             waiting.push(arrival);
             return;
@@ -312,7 +326,11 @@ impl Handoffs {
         };
         let kept: Vec<u64> = woken.iter().filter(|a| a.keep).map(|a| a.ns).collect();
         process.awaiting_iteration = if w.tid == w.tgid {
-            kept.clone()
+            woken
+                .iter()
+                .filter(|a| a.keep && a.handling == Handling::NextIteration)
+                .map(|a| a.ns)
+                .collect()
         } else {
             Vec::new()
         };
@@ -396,7 +414,7 @@ mod tests {
 
     /// An output at `at`, its signal 20 µs later, the loop's read `lag` after that.
     fn signalled_output(h: &mut Handoffs, at: u64, lag: u64) {
-        h.received(PID, at, true);
+        h.received(PID, at, true, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, at + 20 * US, true));
         h.wakeup(&wakeup(MAILBOX, at + 20 * US + lag, false));
     }
@@ -435,16 +453,16 @@ mod tests {
         let mut h = learned();
         let t = 100 * MS;
         // Woken by the first, the loop reads 5 ms later; a second arrives meanwhile.
-        h.received(PID, t, true);
+        h.received(PID, t, true, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, t + 10 * US, true));
-        h.received(PID, t + MS, true);
+        h.received(PID, t + MS, true, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, t + 5 * MS, false));
         assert_eq!(h.taken_at(t), t + 5 * MS);
         assert_eq!(h.taken_at(t + MS), t + 5 * MS);
         // The loop is now busy: two outputs arrive without a signal, the next one signals.
-        h.received(PID, t + 6 * MS, true);
-        h.received(PID, t + 7 * MS, true);
-        h.received(PID, t + 9 * MS, true);
+        h.received(PID, t + 6 * MS, true, Handling::NextIteration);
+        h.received(PID, t + 7 * MS, true, Handling::NextIteration);
+        h.received(PID, t + 9 * MS, true, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, t + 9 * MS + 10 * US, true));
         h.wakeup(&wakeup(MAILBOX, t + 12 * MS, false));
         assert_eq!(h.taken_at(t + 6 * MS), t + 6 * MS);
@@ -453,8 +471,8 @@ mod tests {
         assert_eq!(h.stats.at_arrival, 2 + 2);
         // Two outputs one read brought (completed at its instant), the write after them: both
         // taken over at the mailbox read, and counted so.
-        h.received(PID, t + 20 * MS, true);
-        h.received(PID, t + 20 * MS, true);
+        h.received(PID, t + 20 * MS, true, Handling::NextIteration);
+        h.received(PID, t + 20 * MS, true, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, t + 20 * MS + 10 * US, true));
         h.wakeup(&wakeup(MAILBOX, t + 23 * MS, false));
         assert_eq!(h.taken_at(t + 20 * MS), t + 23 * MS);
@@ -470,7 +488,7 @@ mod tests {
         let t = 200 * MS;
         // A write to another eventfd right after the output (the loop's own wakeup), then a
         // read of it: neither is the mailbox.
-        h.received(PID, t, true);
+        h.received(PID, t, true, Handling::NextIteration);
         h.wakeup(&wakeup(OTHER, t + 5 * US, true));
         h.wakeup(&wakeup(OTHER, t + 50 * US, false));
         assert_eq!(h.taken_at(t), t);
@@ -479,7 +497,7 @@ mod tests {
         h.wakeup(&wakeup(MAILBOX, t + 20 * US, true));
         assert_eq!(h.taken_at(t), t + 2 * MS);
         // That late write opened no signal; the next output's read again comes first.
-        h.received(PID, t + 3 * MS, true);
+        h.received(PID, t + 3 * MS, true, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, t + 9 * MS, false));
         assert_eq!(h.taken_at(t + 3 * MS), t + 9 * MS);
     }
@@ -493,7 +511,7 @@ mod tests {
             enter_ns,
             exit_ns,
         };
-        h.received(PID, t, true);
+        h.received(PID, t, true, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, t + 20 * US, true));
         h.wakeup(&wakeup(MAILBOX, t + MS, false));
         // The wait the read came out of does not move it; the loop then runs 3 ms of other
@@ -507,7 +525,7 @@ mod tests {
         assert_eq!(h.taken_at(t), t + 4 * MS + 10 * US);
         // A loop on another thread: its read stands (that thread's waits are not followed).
         let u = 260 * MS;
-        h.received(PID, u, true);
+        h.received(PID, u, true, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, u + 20 * US, true));
         h.wakeup(&Wakeup {
             tid: PID + 7,
@@ -519,10 +537,26 @@ mod tests {
     }
 
     #[test]
+    fn a_message_handled_in_the_iteration_of_its_read_keeps_the_read() {
+        let mut h = learned();
+        let t = 250 * MS;
+        h.received(PID, t, true, Handling::AtTakeOver);
+        h.wakeup(&wakeup(MAILBOX, t + 20 * US, true));
+        h.wakeup(&wakeup(MAILBOX, t + MS, false));
+        h.loop_waited(&LoopWait {
+            tgid: PID,
+            enter_ns: t + 2 * MS,
+            exit_ns: t + 3 * MS,
+        });
+        assert_eq!(h.taken_at(t), t + MS);
+        assert_eq!(h.stats.next_iteration, 0);
+    }
+
+    #[test]
     fn a_write_long_after_a_message_is_not_its_signal() {
         let mut h = learned();
         let t = 300 * MS;
-        h.received(PID, t, true);
+        h.received(PID, t, true, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, t + 2 * SIGNAL_WINDOW_NS, true));
         h.wakeup(&wakeup(MAILBOX, t + 3 * SIGNAL_WINDOW_NS, false));
         assert_eq!(h.taken_at(t), t);
@@ -533,10 +567,10 @@ mod tests {
     fn processes_are_apart_and_unkept_messages_are_not_stored() {
         let mut h = learned();
         let t = 400 * MS;
-        h.received(PID + 1, t, true);
+        h.received(PID + 1, t, true, Handling::NextIteration);
         signalled_output(&mut h, t + MS, MS);
         assert_eq!(h.taken_at(t), t);
-        h.received(PID, t + 10 * MS, false);
+        h.received(PID, t + 10 * MS, false, Handling::NextIteration);
         h.wakeup(&wakeup(MAILBOX, t + 10 * MS + 10 * US, true));
         h.wakeup(&wakeup(MAILBOX, t + 12 * MS, false));
         assert_eq!(h.taken_at(t + 10 * MS), t + 10 * MS);

@@ -27,14 +27,14 @@ use super::{
     retractions::RetractionLog,
     scheduler_loop::{LoopView, RequestSteps, SchedulerLoops, StatsLine},
     wire::{
-        OutputStage, RidOutput, SchedulerTimes, SglangDecoder, SglangFinish, SglangMessage,
+        self, OutputStage, RidOutput, SchedulerTimes, SglangDecoder, SglangFinish, SglangMessage,
         SglangRequest, SglangSampling, TraceContext,
     },
 };
 use crate::decode::flows::Decoded;
 use crate::engines::common::pd_role::PdRole;
 use crate::engines::common::{
-    handoff::{HandoffStats, Handoffs},
+    handoff::{Handling, HandoffStats, Handoffs},
     in_flight::InFlight,
     iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, Joiner, Outcome},
@@ -494,7 +494,8 @@ impl SglangTracker {
             // SGLang's frontend handles an output in the task that read it: the mailbox read
             // is its instant, with no loop iteration to wait for.
             // GPU steps and Python samples go to the pipeline's own stages.
-            Decoded::LoopWait(_) | Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_) => {}
+            Decoded::LoopWait(wait) => self.handoffs.loop_waited(wait),
+            Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_) => {}
             // The schedulers' loops; main's polls are its asyncio loop's business.
             Decoded::MailboxPoll(poll) if self.ranks.contains_key(&poll.tgid) => {
                 self.stats.loop_iterations += self.loops.poll(poll);
@@ -564,7 +565,13 @@ impl SglangTracker {
                 match decoded {
                     Some(Ok(m)) => {
                         let last_ns = message.last_ns.max(first_ns);
-                        self.message(*tgid, *outgoing, m, first_ns, last_ns);
+                        // How main's handle_loop gets a message it received (`handoff`).
+                        let handling = if wire::is_pickled(&message.frames) {
+                            Handling::NextIteration
+                        } else {
+                            Handling::AtTakeOver
+                        };
+                        self.message(*tgid, *outgoing, m, (first_ns, last_ns), handling);
                     }
                     Some(Err(e)) => {
                         self.stats.undecodable += 1;
@@ -581,8 +588,8 @@ impl SglangTracker {
         tgid: u32,
         outgoing: bool,
         m: SglangMessage,
-        first_ns: u64,
-        last_ns: u64,
+        (first_ns, last_ns): (u64, u64),
+        handling: Handling,
     ) {
         let dp_controller = self.dp_controllers.contains(&tgid);
         match (m, outgoing) {
@@ -608,7 +615,9 @@ impl SglangTracker {
                 self.stats.evicted += self.in_flight.insert(r.rid.clone(), timeline);
             }
             (SglangMessage::Request(r), false) => {
-                self.handoffs.received(tgid, last_ns, true);
+                // The scheduler's and the DP controller's loops are no asyncio loops.
+                self.handoffs
+                    .received(tgid, last_ns, true, Handling::AtTakeOver);
                 let hop = if dp_controller {
                     Hop::DpControllerReceived
                 } else {
@@ -643,7 +652,7 @@ impl SglangTracker {
             }
             (SglangMessage::Outputs(o), false) if o.stage == OutputStage::Strings => {
                 self.stats.outputs += 1;
-                self.handoffs.received(tgid, last_ns, true);
+                self.handoffs.received(tgid, last_ns, true, handling);
                 for item in &o.items {
                     self.output(item, last_ns);
                 }
@@ -655,7 +664,7 @@ impl SglangTracker {
             }
             // The scheduler ended a request outside the output stream (aborted while queued).
             (SglangMessage::Abort(a), false) if a.finish.is_some() => {
-                self.handoffs.received(tgid, last_ns, true);
+                self.handoffs.received(tgid, last_ns, true, handling);
                 if let Some(t) = self.in_flight.get_mut(&a.rid) {
                     t.dropped_while_queued = t.first_output_ns.is_none();
                     t.finish = a.finish;
@@ -931,8 +940,8 @@ mod tests {
             }))
         };
         // The scheduler's read returned before main's write did.
-        tracker.message(20, false, request("r1"), 900, 1_000);
-        tracker.message(10, true, request("r1"), 950, 960);
+        tracker.message(20, false, request("r1"), (900, 1_000), Handling::AtTakeOver);
+        tracker.message(10, true, request("r1"), (950, 960), Handling::AtTakeOver);
         let t = tracker.in_flight.get_mut("r1").expect("in flight");
         assert_eq!(
             (t.scheduler_pid, t.scheduler_recv_ns),
@@ -940,8 +949,20 @@ mod tests {
         );
         assert!(tracker.early_receipts.is_empty());
         // In order, as usual.
-        tracker.message(10, true, request("r2"), 2_000, 2_010);
-        tracker.message(20, false, request("r2"), 2_020, 2_030);
+        tracker.message(
+            10,
+            true,
+            request("r2"),
+            (2_000, 2_010),
+            Handling::AtTakeOver,
+        );
+        tracker.message(
+            20,
+            false,
+            request("r2"),
+            (2_020, 2_030),
+            Handling::AtTakeOver,
+        );
         let t = tracker.in_flight.get_mut("r2").expect("in flight");
         assert_eq!(
             (t.scheduler_pid, t.scheduler_recv_ns),
@@ -970,15 +991,51 @@ mod tests {
             }))
         };
         // In order: main's send, the controller's receipt and send, the scheduler's receipt.
-        tracker.message(main, true, request("r1"), 100, 110);
-        tracker.message(controller, false, request("r1"), 115, 120);
-        tracker.message(controller, true, request("r1"), 130, 140);
-        tracker.message(scheduler, false, request("r1"), 145, 150);
+        tracker.message(main, true, request("r1"), (100, 110), Handling::AtTakeOver);
+        tracker.message(
+            controller,
+            false,
+            request("r1"),
+            (115, 120),
+            Handling::AtTakeOver,
+        );
+        tracker.message(
+            controller,
+            true,
+            request("r1"),
+            (130, 140),
+            Handling::AtTakeOver,
+        );
+        tracker.message(
+            scheduler,
+            false,
+            request("r1"),
+            (145, 150),
+            Handling::AtTakeOver,
+        );
         // The controller's and the scheduler's records decoded before main's send.
-        tracker.message(controller, false, request("r2"), 215, 220);
-        tracker.message(controller, true, request("r2"), 230, 240);
-        tracker.message(scheduler, false, request("r2"), 245, 250);
-        tracker.message(main, true, request("r2"), 200, 210);
+        tracker.message(
+            controller,
+            false,
+            request("r2"),
+            (215, 220),
+            Handling::AtTakeOver,
+        );
+        tracker.message(
+            controller,
+            true,
+            request("r2"),
+            (230, 240),
+            Handling::AtTakeOver,
+        );
+        tracker.message(
+            scheduler,
+            false,
+            request("r2"),
+            (245, 250),
+            Handling::AtTakeOver,
+        );
+        tracker.message(main, true, request("r2"), (200, 210), Handling::AtTakeOver);
         for (rid, at) in [("r1", 0), ("r2", 100)] {
             let t = tracker.in_flight.get_mut(rid).expect("in flight");
             assert_eq!((t.frontend_pid, t.sent_ns), (main, 100 + at));
@@ -1007,8 +1064,8 @@ mod tests {
             rid: "r1".into(),
             ..SglangRequest::default()
         }));
-        tracker.message(10, true, request.clone(), 100, 110);
-        tracker.message(20, false, request, 120, 130);
+        tracker.message(10, true, request.clone(), (100, 110), Handling::AtTakeOver);
+        tracker.message(20, false, request, (120, 130), Handling::AtTakeOver);
         let output = |retractions| {
             SglangMessage::Outputs(SglangOutputs {
                 stage: OutputStage::TokenIds,
@@ -1019,7 +1076,7 @@ mod tests {
                 }],
             })
         };
-        tracker.message(20, true, output(0), 200, 210);
+        tracker.message(20, true, output(0), (200, 210), Handling::AtTakeOver);
         let retract = |ns| {
             Decoded::Log(LogLine {
                 tgid: 20,
@@ -1028,11 +1085,11 @@ mod tests {
             })
         };
         tracker.feed(&retract(250));
-        tracker.message(20, true, output(1), 300, 310);
+        tracker.message(20, true, output(1), (300, 310), Handling::AtTakeOver);
         // Two retraction lines, one of them this request's: not placed.
         tracker.feed(&retract(350));
         tracker.feed(&retract(360));
-        tracker.message(20, true, output(2), 400, 410);
+        tracker.message(20, true, output(2), (400, 410), Handling::AtTakeOver);
         let t = tracker.in_flight.get_mut("r1").expect("in flight");
         assert_eq!(t.retracted_ns, vec![250]);
         assert_eq!(t.retractions_unplaced, 1);

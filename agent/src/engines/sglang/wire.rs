@@ -392,6 +392,14 @@ pub static FIELDS_0_5: FieldTable = FieldTable {
     ],
 };
 
+/// Whether a message is in SGLang's pickle encoding (else msgpack): its first frame begins
+/// with pickle's PROTO opcode and a protocol SGLang may use (a msgpack fixmap also starts 0x8_).
+pub fn is_pickled(frames: &[Vec<u8>]) -> bool {
+    frames
+        .first()
+        .is_some_and(|first| matches!(first.as_slice(), [0x80, 2..=5, ..]))
+}
+
 /// Decodes SGLang messages of either encoding.
 pub struct SglangDecoder {
     table: &'static FieldTable,
@@ -408,11 +416,12 @@ impl SglangDecoder {
     /// traced socket); an error: it was one, and did not decode.
     pub fn decode(&self, frames: &[Vec<u8>]) -> Option<Result<SglangMessage, SglangError>> {
         let first = frames.first()?;
-        let fields = match first.as_slice() {
-            // PROTO opcode and a protocol SGLang may use (a msgpack fixmap also starts 0x8_).
-            [0x80, 2..=5, ..] => pickled_fields(first, &frames[1..]),
-            [] => return None,
-            _ => self.msgpack_fields(first)?,
+        let fields = if is_pickled(frames) {
+            pickled_fields(first, &frames[1..])
+        } else if first.is_empty() {
+            return None;
+        } else {
+            self.msgpack_fields(first)?
         };
         Some(fields.and_then(|(class, fields)| typed(&class, &fields, self.table)))
     }

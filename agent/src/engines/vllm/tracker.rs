@@ -14,7 +14,7 @@ use super::wire::{
 };
 use crate::decode::flows::Decoded;
 use crate::engines::common::{
-    handoff::{HandoffStats, Handoffs},
+    handoff::{Handling, HandoffStats, Handoffs},
     in_flight::InFlight,
     iteration_work::{IterationLaunches, IterationSamples},
     join::{ApiExchange, EngineRequestInfo, EngineSide, Joiner, Outcome},
@@ -375,7 +375,8 @@ impl VllmTracker {
                     // Any output may be asked about: a first token, a finish, the output
                     // that completed a stop string.
                     let keep = !step.is_utility && !step.outputs.is_empty();
-                    self.handoffs.received(*tgid, message.last_ns, keep);
+                    self.handoffs
+                        .received(*tgid, message.last_ns, keep, Handling::NextIteration);
                     if !step.is_utility {
                         let mut report = self.step(&step, message.last_ns);
                         report.frontend = *tgid;
