@@ -2,9 +2,10 @@
 //! installs it on first use), in both of its IPC encodings and with data parallelism (two
 //! schedulers behind SGLang's DP controller): SGLang runs with its own tracing
 //! (`--enable-trace`, level 3) and `--enable-metrics`, `infertrace attach` traces its main
-//! process and children, the workload runs (five rounds of workload.py --quick: streaming and non-streaming
-//! chat and completions, n=2, concurrent requests, client aborts, invalid requests; and the
-//! native /generate requests of native_workload.py), a `/health` probe goes in the middle, and
+//! process and children, the workload runs (ten rounds of workload.py --quick: streaming and
+//! non-streaming chat and completions, n=2, concurrent requests, a crowd of 24 released at once
+//! behind `--max-running-requests 8`, client aborts, invalid requests; and the native /generate
+//! requests of native_workload.py), a `/health` probe goes in the middle, and
 //! infertrace's spans are compared with SGLang's own (tests/src/sglang_truth.rs): every request
 //! span, nothing invented (health checks left out), tokens and finish reasons equal, latencies
 //! within 1 ms at p50 and 5 ms at p99 (plus SGLang's own dispatch lag where its spans
