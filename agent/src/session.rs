@@ -205,13 +205,15 @@ pub async fn run_live(
         traced.len(),
         traced.join(", ")
     );
+    // The offset the session starts from: the recording's header and the summary's moves.
+    let start_offset = realtime_minus_monotonic_ns();
     let mut recorder = match record {
         Some(path) => {
             let header = Header {
                 host: system::hostname(),
                 kernel: system::kernel_release(),
                 agent_version: env!("CARGO_PKG_VERSION").into(),
-                realtime_minus_monotonic_ns: realtime_minus_monotonic_ns(),
+                realtime_minus_monotonic_ns: start_offset,
                 pids: pids.clone(),
                 processes: initial
                     .iter()
@@ -232,7 +234,7 @@ pub async fn run_live(
         None => None,
     };
     let mut flows = FlowTable::new();
-    let mut summary = Summary::starting_at(realtime_minus_monotonic_ns());
+    let mut summary = Summary::starting_at(start_offset);
     // SAFETY: the ring buffer fd belongs to `live`, which outlives `ring` (dropped first below).
     let ring =
         unsafe { AsyncFd::register_with_interest(RingFd(live.ring_fd()), Interest::READABLE) }

@@ -47,6 +47,20 @@ pub fn zmtp_messages(decoded: &[Decoded], outgoing: bool) -> Vec<(u32, &ZmtpMess
 /// library of the
 /// `infertrace` package, so the binary is built (or brought up to date) once per test process
 /// with `cargo build --release -p infertrace`.
+/// Poll `done` every 50 ms until it holds or `timeout` has passed; whether it held.
+pub fn wait_for(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn infertrace_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {

@@ -7,10 +7,10 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex, MutexGuard},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use crate::infertrace_bin;
+use crate::{infertrace_bin, wait_for};
 
 /// The engines the tests start, each through `cargo xtask engine <name>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,20 +262,6 @@ pub fn attach_to(pids: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> 
     agent
 }
 
-/// Poll `done` every 50 ms until it holds or `timeout` has passed; whether it held.
-pub fn wait_for(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if done() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Wait (at most a minute) until the agent has counted as many finished requests as the
 /// engine on `engine_port`: the agent's `ours` counter on its Prometheus endpoint equals the
 /// engine's `theirs` (above zero) on its `/metrics`. Should it never, the comparison that follows says
@@ -448,9 +434,9 @@ impl OtlpReceiver {
     /// Wait (at most `timeout`) until the engine has exported at least `at_least` spans whose
     /// name contains `text` (its exporter sends in batches, every 0.5 s to 5 s); whether it has.
     pub fn wait_for_spans(&self, text: &str, at_least: usize, timeout: Duration) -> bool {
+        let path = format!("/count?contains={}", text.replace(' ', "%20"));
         let got = wait_for(timeout, || {
-            let query = text.replace(' ', "%20");
-            get(self.http_port, &format!("/count?contains={query}"))
+            get(self.http_port, &path)
                 .trim()
                 .parse::<usize>()
                 .is_ok_and(|n| n >= at_least)
@@ -522,23 +508,16 @@ pub fn only_instance(ours: &Path, pid: &str, out: &Path) {
 /// its /metrics), so that every request the client started has ended in the engine before
 /// the agent stops; panics after two minutes.
 pub fn wait_until_idle(port: u16, gauges: &[&str]) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let metrics = get(port, "/metrics");
-        let busy: Vec<&str> = metrics
+    let busy = || -> Vec<String> {
+        get(port, "/metrics")
             .lines()
             .filter(|l| gauges.iter().any(|g| l.starts_with(&format!("{g}{{"))))
             .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) != Some(0.0))
-            .collect();
-        if busy.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "port {port} still busy after 120 s: {busy:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+            .map(str::to_owned)
+            .collect()
+    };
+    let idle = wait_for(Duration::from_secs(120), || busy().is_empty());
+    assert!(idle, "port {port} still busy after 120 s: {:?}", busy());
 }
 
 /// A vLLM on `port` set up for the comparison runs: it queues (4 seqs), chunks prefills (256

@@ -7,11 +7,10 @@ use std::{
     io::{Read, Write},
     net::TcpStream,
     process::{Command, Stdio},
-    thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use infertrace_tests::{Script, fixture, infertrace_bin};
+use infertrace_tests::{Script, fixture, infertrace_bin, wait_for};
 
 const CONNECTIONS: usize = 300;
 
@@ -36,15 +35,10 @@ fn back_to_back_one_request_connections_are_all_decoded() {
         .spawn()
         .expect("starting infertrace");
     let agent_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !agent_log().contains("attached:") {
-        assert!(
-            Instant::now() < deadline,
-            "never attached:\n{}",
-            agent_log()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    let attached = wait_for(Duration::from_secs(10), || {
+        agent_log().contains("attached:")
+    });
+    assert!(attached, "never attached:\n{}", agent_log());
     for i in 0..CONNECTIONS {
         let body = format!("{i:010}");
         let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use infertrace_tests::{Script, fixture, infertrace_bin, python};
+use infertrace_tests::{Script, fixture, infertrace_bin, python, wait_for};
 
 /// uid/gid of `nobody`.
 const NOBODY: &str = "65534";
@@ -740,11 +740,10 @@ fn stops_cleanly_on(signal: &str, when: When, extra: &[&str]) {
                 })
             })
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !asleep() {
-            assert!(Instant::now() < deadline, "the agent never went idle");
-            thread::sleep(Duration::from_millis(10));
-        }
+        assert!(
+            wait_for(Duration::from_secs(5), asleep),
+            "the agent never went idle"
+        );
     }
     agent.signal(signal);
     let signalled = Instant::now();

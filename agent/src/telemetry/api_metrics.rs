@@ -1,13 +1,12 @@
 //! Metrics of the API layer, the same for every engine: `genai_llm_usage_tokens` per call.
-use super::metrics::{Kind, MetricDef, Registry};
+use super::metrics::{MetricDef, Registry};
 use crate::engines::common::join::{ApiExchange, EngineSide};
 
-pub const USAGE_TOKENS: MetricDef = MetricDef {
-    name: "genai_llm_usage_tokens",
-    kind: Kind::Counter,
-    unit: "Count",
-    description: "Input and output token consumption, distinguished by usageType.",
-};
+pub const USAGE_TOKENS: MetricDef = MetricDef::counter(
+    "genai_llm_usage_tokens",
+    "Count",
+    "Input and output token consumption, distinguished by usageType.",
+);
 
 /// `genai_llm_usage_tokens` of one answered API call: its `usage`, else the engine's counts.
 pub fn api_usage(

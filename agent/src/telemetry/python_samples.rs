@@ -1,7 +1,7 @@
 //! The Python samples metric: samples of traced threads by process, thread name and engine
 //! phase (engines/common/well_known.rs).
 use super::{
-    metrics::{Kind, MetricDef, Registry},
+    metrics::{MetricDef, Registry},
     span::Attributes,
 };
 use crate::{
@@ -9,14 +9,13 @@ use crate::{
     engines::common::{iteration_work::IterationSamples, well_known::SampleKind},
 };
 
-pub const PYTHON_SAMPLES: MetricDef = MetricDef {
-    name: "infertrace_python_samples_total",
-    kind: Kind::Counter,
-    unit: "Count",
-    description: "Python stack samples of traced threads (CPU time at the sampling rate), by \
+pub const PYTHON_SAMPLES: MetricDef = MetricDef::counter(
+    "infertrace_python_samples_total",
+    "Count",
+    "Python stack samples of traced threads (CPU time at the sampling rate), by \
                   process, thread name and engine phase (`other`: no well-known function on \
                   the stack; `native`: no Python frames; `unknown`: the stack's names were lost).",
-};
+);
 
 /// Count one sample under its process, thread name and phase.
 pub fn count(r: &mut Registry, sample: &PySample, kind: SampleKind) {
