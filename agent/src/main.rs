@@ -12,7 +12,10 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use infertrace::{
     capture::{cuda_watch::CudaOptions, kernel::KernelOptions, python_watch::PythonOptions},
-    discover::engine::{self, Target},
+    discover::{
+        engine::{self, Target},
+        servers::Finder,
+    },
     doctor, engines,
     export::{
         Exporter,
@@ -48,6 +51,9 @@ struct Cli {
 enum Command {
     /// Attach to running engine processes and print what they exchange (needs root).
     Attach(CaptureArgs),
+    /// Node agent: trace every vLLM and SGLang server on this host, those running and each
+    /// one that starts, until stopped (needs root).
+    Run(TraceArgs),
     /// Like attach, but write the raw event stream to a file for `replay` (needs root).
     Record {
         #[command(flatten)]
@@ -89,6 +95,13 @@ struct CaptureArgs {
     /// with `infertrace discover`. Repeatable.
     #[arg(short, long = "pid", required = true)]
     pids: Vec<u32>,
+    #[command(flatten)]
+    trace: TraceArgs,
+}
+
+/// How to trace, whatever is traced.
+#[derive(Args, Clone)]
+struct TraceArgs {
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM, or the processes exit).
     #[arg(long)]
     duration: Option<f64>,
@@ -318,7 +331,7 @@ impl OutputArgs {
     }
 }
 
-impl CaptureArgs {
+impl TraceArgs {
     fn options(&self) -> anyhow::Result<LiveOptions> {
         let duration = match self.duration {
             Some(s) if !(s.is_finite() && s > 0.0) => anyhow::bail!("--duration must be > 0"),
@@ -340,6 +353,7 @@ impl CaptureArgs {
                 },
                 no_zmq_probe: self.no_zmq_probe,
                 no_pickle_probe: self.no_pickle_probe,
+                announce_execs: false,
             },
             poll_interval: Duration::from_millis(self.poll_ms.clamp(1, 10_000)),
             duration,
@@ -368,9 +382,18 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Attach(args) => live(&args, None).map(|_| ()),
+        Command::Attach(args) => {
+            live(&args.trace, attach_targets(&args.pids), None, None).map(|_| ())
+        }
+        Command::Run(args) => node(&args),
         Command::Profile { capture, top } => profile(capture, top),
-        Command::Record { capture, recording } => live(&capture, Some(recording)).map(|_| ()),
+        Command::Record { capture, recording } => live(
+            &capture.trace,
+            attach_targets(&capture.pids),
+            Some(recording),
+            None,
+        )
+        .map(|_| ()),
         Command::Replay { file, output } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let (header, summary, pipeline) = session::replay_pipeline(
@@ -416,29 +439,57 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// `profile`: a live session whose output is the Python profile.
 fn profile(mut capture: CaptureArgs, top: usize) -> anyhow::Result<()> {
-    if capture.no_python_sampling {
+    let trace = &mut capture.trace;
+    if trace.no_python_sampling {
         anyhow::bail!("profile samples Python stacks: leave out --no-python-sampling");
     }
-    if capture.output.outputs.is_empty() {
-        capture.output.outputs = vec!["none".into()];
+    if trace.output.outputs.is_empty() {
+        trace.output.outputs = vec!["none".into()];
     }
-    let pipeline = live(&capture, None)?;
+    let pipeline = live(trace, attach_targets(&capture.pids), None, None)?;
     print!("{}", pipeline.profile().report(top));
     Ok(())
 }
 
-fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<Pipeline> {
-    let mut options = args.options()?;
-    for &pid in &args.pids {
-        let target = Target::discover(pid);
-        if target.engine.is_none() && infertrace::discover::procfs::exists(pid) {
-            tracing::warn!(
-                "pid {pid} is not a vLLM/SGLang process (found: {}); capturing its sockets anyway",
-                engine::describe_non_engine(pid)
-            );
-        }
-        options.targets.push(target);
+/// The servers `attach --pid` names, as discovery finds them.
+fn attach_targets(pids: &[u32]) -> Vec<Target> {
+    pids.iter()
+        .map(|&pid| {
+            let target = Target::discover(pid);
+            if target.engine.is_none() && infertrace::discover::procfs::exists(pid) {
+                tracing::warn!(
+                    "pid {pid} is not a vLLM/SGLang process (found: {}); capturing its sockets \
+                     anyway",
+                    engine::describe_non_engine(pid)
+                );
+            }
+            target
+        })
+        .collect()
+}
+
+/// `run`: every server on the host, those running now and each that starts.
+fn node(args: &TraceArgs) -> anyhow::Result<()> {
+    let mut finder = Finder::default();
+    let targets = finder.scan();
+    if targets.is_empty() {
+        tracing::info!("no vLLM or SGLang server runs yet; each is traced as it starts");
     }
+    for target in &targets {
+        tracing::info!("tracing {}", session::describe(target));
+    }
+    live(args, targets, None, Some(finder)).map(|_| ())
+}
+
+fn live(
+    args: &TraceArgs,
+    targets: Vec<Target>,
+    record: Option<PathBuf>,
+    finder: Option<Finder>,
+) -> anyhow::Result<Pipeline> {
+    let mut options = args.options()?;
+    options.targets = targets;
+    options.kernel.announce_execs = finder.is_some();
     let clock = Clock::fixed(session::realtime_minus_monotonic_ns());
     let console = args.output.messages.then(|| Console::new(clock.latest()));
     let mut pipeline = args.output.pipeline(
@@ -452,6 +503,7 @@ fn live(args: &CaptureArgs, record: Option<PathBuf>) -> anyhow::Result<Pipeline>
     let summary = runtime.block_on(session::run_live(
         &options,
         record.as_deref(),
+        finder,
         |batch, so_far| {
             if let Some(console) = &console {
                 // One write per batch: a busy engine produces thousands of lines a second.

@@ -1,7 +1,10 @@
 //! Decoded messages -> the engine instance of the process they came from -> spans and metrics
 //! -> exporters. The pipeline knows no engine: each traced server is an instance of its engine
 //! kind (`engines::engine`), with its own tracker, clock, counters and metrics scope.
-use std::sync::{Arc, Mutex};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::{Arc, Mutex},
+};
 
 use crate::{
     capture::KernelCounters,
@@ -54,8 +57,18 @@ struct Slot {
     resource: Resource,
 }
 
+/// Ended instances kept for the summary (node mode may see servers restart for weeks).
+const ENDED_KEPT: usize = 16;
+
 pub struct Pipeline {
-    instances: Vec<Slot>,
+    /// The instances of servers that run, by the number routing knows them by (never
+    /// reused).
+    instances: BTreeMap<usize, Slot>,
+    next_instance: usize,
+    /// Instances whose server exited, most recent last (at most [`ENDED_KEPT`]), and what
+    /// the older ones said of their frontends.
+    ended: VecDeque<Box<dyn EngineInstance>>,
+    ended_handoffs: HandoffStats,
     owners: Owners,
     /// Traced threads' CUDA steps, whatever the engine.
     gpu: GpuTimeline,
@@ -80,7 +93,10 @@ impl Pipeline {
         exporters: Vec<Box<dyn Exporter>>,
     ) -> Self {
         let mut pipeline = Self {
-            instances: Vec::new(),
+            instances: BTreeMap::new(),
+            next_instance: 0,
+            ended: VecDeque::new(),
+            ended_handoffs: HandoffStats::default(),
             owners: Owners::default(),
             gpu: GpuTimeline::default(),
             profile: Profile::default(),
@@ -110,21 +126,50 @@ impl Pipeline {
             .lock()
             .expect("registry lock")
             .add_scope(identity.clone());
-        self.owners.add_root(target.pid, self.instances.len());
-        self.instances.push(Slot {
-            instance: kind.instance(InstanceCore::new(
-                target,
-                &self.span_options,
-                self.clock.clone(),
-            )),
-            scope,
-            resource: identity,
-        });
+        let number = self.next_instance;
+        self.next_instance += 1;
+        self.owners.add_root(target.pid, number);
+        self.instances.insert(
+            number,
+            Slot {
+                instance: kind.instance(InstanceCore::new(
+                    target,
+                    &self.span_options,
+                    self.clock.clone(),
+                )),
+                scope,
+                resource: identity,
+            },
+        );
     }
 
-    /// The engine instances, in the order their targets were given.
+    /// The server of instance `i` exited: what it had in flight is reported (as unfinished),
+    /// and nothing of it stays but its summary.
+    fn end(&mut self, i: usize) {
+        self.run(i, |instance, out| instance.finish(out));
+        let Some(slot) = self.instances.remove(&i) else {
+            return;
+        };
+        self.owners.remove_instance(i);
+        self.registry
+            .lock()
+            .expect("registry lock")
+            .remove_scope(slot.scope);
+        self.ended.push_back(slot.instance);
+        if self.ended.len() > ENDED_KEPT
+            && let Some(oldest) = self.ended.pop_front()
+        {
+            self.ended_handoffs = self.ended_handoffs + oldest.handoff_stats();
+        }
+    }
+
+    /// The engine instances: those running, in the order they were added, then those that
+    /// ended (the most recent [`ENDED_KEPT`]).
     pub fn instances(&self) -> impl Iterator<Item = &dyn EngineInstance> {
-        self.instances.iter().map(|slot| slot.instance.as_ref())
+        self.instances
+            .values()
+            .map(|slot| slot.instance.as_ref())
+            .chain(self.ended.iter().map(|i| i.as_ref()))
     }
 
     /// The capture stage's totals so far (for the agent's own metrics).
@@ -140,7 +185,7 @@ impl Pipeline {
     pub fn handoff_stats(&self) -> HandoffStats {
         self.instances()
             .map(|i| i.handoff_stats())
-            .fold(HandoffStats::default(), |sum, h| sum + h)
+            .fold(self.ended_handoffs, |sum, h| sum + h)
     }
 
     /// Take a batch of decoded messages (in time order).
@@ -149,7 +194,7 @@ impl Pipeline {
             if let Decoded::Clock(moved) = decoded {
                 self.clock
                     .wall_clock_moved(moved.monotonic_ns, moved.realtime_minus_monotonic_ns);
-                for slot in &mut self.instances {
+                for slot in self.instances.values_mut() {
                     slot.instance
                         .core_mut()
                         .clock
@@ -158,26 +203,40 @@ impl Pipeline {
             }
         }
         self.gpu_and_python(batch);
-        let mut routed: Vec<Vec<&Decoded>> = vec![Vec::new(); self.instances.len()];
+        // Messages go to their instance in runs: a server's start or its process's exit in
+        // the batch first delivers what came before it.
+        let mut routed: BTreeMap<usize, Vec<&Decoded>> = BTreeMap::new();
         for decoded in batch {
-            if matches!(
-                decoded,
-                Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_)
-            ) {
-                continue;
-            }
-            if let Decoded::Process(process) = decoded {
-                self.owners.announce(process);
+            match decoded {
+                Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_) => continue,
+                Decoded::Traced(target) => {
+                    self.deliver(&mut routed);
+                    self.add(target);
+                    continue;
+                }
+                Decoded::Exited { tgid, .. } => {
+                    self.deliver(&mut routed);
+                    match self.owners.root(*tgid) {
+                        Some(i) => self.end(i),
+                        None => self.owners.forget(*tgid),
+                    }
+                    continue;
+                }
+                Decoded::Process(process) => self.owners.announce(process),
+                _ => {}
             }
             match self.owner(decoded) {
-                Some(i) => routed[i].push(decoded),
+                Some(i) => routed.entry(i).or_default().push(decoded),
                 None => self.stats.unrouted += 1,
             }
         }
-        for (i, messages) in routed.iter().enumerate() {
-            if !messages.is_empty() {
-                self.run(i, |instance, out| instance.handle(messages, out));
-            }
+        self.deliver(&mut routed);
+    }
+
+    /// Hand each instance the messages routed to it so far.
+    fn deliver(&mut self, routed: &mut BTreeMap<usize, Vec<&Decoded>>) {
+        for (i, messages) in std::mem::take(routed) {
+            self.run(i, |instance, out| instance.handle(&messages, out));
         }
     }
 
@@ -185,14 +244,19 @@ impl Pipeline {
     /// process never announced (it exited before /proc could name it) is taken to be its.
     fn owner(&self, decoded: &Decoded) -> Option<usize> {
         let owner = decoded.tgid().and_then(|tgid| self.owners.of(tgid));
-        owner.or((self.instances.len() == 1).then_some(0))
+        owner.or_else(|| match self.instances.keys().collect::<Vec<_>>()[..] {
+            [only] => Some(*only),
+            _ => None,
+        })
     }
 
     /// Run `f` on instance `i` with its metrics scope, then export the traces it finished.
     fn run(&mut self, i: usize, f: impl FnOnce(&mut dyn EngineInstance, &mut Output)) {
         let mut traces = Vec::new();
+        let Some(slot) = self.instances.get_mut(&i) else {
+            return;
+        };
         {
-            let slot = &mut self.instances[i];
             let mut registry = self.registry.lock().expect("registry lock");
             registry.in_scope(slot.scope, |registry| {
                 f(
@@ -208,7 +272,7 @@ impl Pipeline {
             self.stats.traces += 1;
             self.stats.spans += spans.len() as u64;
             for exporter in &mut self.exporters {
-                exporter.spans(&self.instances[i].resource, spans);
+                exporter.spans(&slot.resource, spans);
             }
         }
     }
@@ -216,7 +280,7 @@ impl Pipeline {
     /// Capture time has reached `now_ns`: report what waited long enough, and the metrics
     /// when an interval has passed.
     pub fn tick(&mut self, now_ns: u64) {
-        for i in 0..self.instances.len() {
+        for i in self.instances.keys().copied().collect::<Vec<_>>() {
             self.run(i, |instance, out| instance.advance(now_ns, out));
         }
         let due = *self
@@ -231,7 +295,7 @@ impl Pipeline {
 
     /// End of the session: report everything, a last metrics snapshot, flush the exporters.
     pub fn finish(&mut self, now_ns: u64) {
-        for i in 0..self.instances.len() {
+        for i in self.instances.keys().copied().collect::<Vec<_>>() {
             self.run(i, |instance, out| instance.finish(out));
         }
         self.export_metrics(now_ns);
@@ -244,7 +308,7 @@ impl Pipeline {
     fn export_metrics(&mut self, now_ns: u64) {
         let samples = {
             let mut registry = self.registry.lock().expect("registry lock");
-            for slot in &self.instances {
+            for slot in self.instances.values() {
                 registry.in_scope(slot.scope, |r| slot.instance.counters(r));
             }
             agent_metrics::traces(&mut registry, self.stats.traces);
@@ -289,12 +353,12 @@ impl Pipeline {
                         sample,
                         kind,
                     );
-                    if let Some(i) = self.owner(decoded) {
-                        self.instances[i].instance.core_mut().work.python_sample(
-                            sample.ns,
-                            sample.tgid,
-                            kind,
-                        );
+                    if let Some(slot) = self.owner(decoded).and_then(|i| self.instances.get_mut(&i))
+                    {
+                        slot.instance
+                            .core_mut()
+                            .work
+                            .python_sample(sample.ns, sample.tgid, kind);
                     }
                     continue;
                 }
@@ -303,12 +367,8 @@ impl Pipeline {
             let Some(step) = self.gpu.feed(event) else {
                 continue;
             };
-            if let Some(i) = self.owner(decoded) {
-                self.instances[i]
-                    .instance
-                    .core_mut()
-                    .work
-                    .gpu_step(&step.step);
+            if let Some(slot) = self.owner(decoded).and_then(|i| self.instances.get_mut(&i)) {
+                slot.instance.core_mut().work.gpu_step(&step.step);
             }
             gpu::step(&mut self.registry.lock().expect("registry lock"), &step);
             let report = gpu::report(&step, &self.clock);

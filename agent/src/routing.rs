@@ -39,6 +39,23 @@ impl Owners {
         }
     }
 
+    /// A process exited: it belongs to nobody now (its number may be reused).
+    pub fn forget(&mut self, tgid: u32) {
+        self.roots.remove(&tgid);
+        self.owner.remove(&tgid);
+    }
+
+    /// Instance `instance` ended: none of its processes belongs to it any longer.
+    pub fn remove_instance(&mut self, instance: usize) {
+        self.roots.retain(|_, i| *i != instance);
+        self.owner.retain(|_, i| *i != instance);
+    }
+
+    /// Whether `pid` is the target of an instance, and which.
+    pub fn root(&self, pid: u32) -> Option<usize> {
+        self.roots.get(&pid).copied()
+    }
+
     /// The instance process `tgid` belongs to.
     pub fn of(&self, tgid: u32) -> Option<usize> {
         self.owner.get(&tgid).copied()
@@ -71,6 +88,23 @@ mod tests {
         assert_eq!(owners.of(102), Some(0));
         assert_eq!(owners.of(201), Some(1));
         assert_eq!(owners.of(300), None);
+    }
+
+    #[test]
+    fn exited_processes_and_ended_instances_are_forgotten() {
+        let mut owners = Owners::default();
+        owners.add_root(100, 0);
+        owners.add_root(200, 1);
+        owners.announce(&process(101, 100));
+        owners.announce(&process(201, 200));
+        owners.forget(101);
+        assert_eq!(owners.of(101), None);
+        owners.remove_instance(1);
+        assert_eq!(
+            (owners.of(200), owners.of(201), owners.root(200)),
+            (None, None, None)
+        );
+        assert_eq!((owners.of(100), owners.root(100)), (Some(0), Some(0)));
     }
 
     #[test]

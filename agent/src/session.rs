@@ -22,7 +22,7 @@ use crate::{
         recording::{Header, Reader, Writer},
     },
     decode::flows::{Decoded, FlowStats, FlowTable},
-    discover::{engine::Target, procfs, system},
+    discover::{engine::Target, procfs, servers::Finder, system},
     pipeline::Pipeline,
 };
 
@@ -30,6 +30,9 @@ use crate::{
 /// busy engine's `/proc/PID/status` costs hundreds of microseconds, a fifth of the agent's CPU
 /// when it was asked at every drain (BENCHMARKS.md).
 const EXIT_CHECK: Duration = Duration::from_millis(500);
+/// How often node mode scans /proc for servers whose exec it did not see as a server's (a
+/// program that becomes one later, e.g. a script that imports the engine).
+const RESCAN: Duration = Duration::from_secs(30);
 
 /// How a live session runs.
 #[derive(Clone, Debug)]
@@ -184,11 +187,13 @@ impl AsRawFd for RingFd {
 /// that an output can write a batch at once; an empty batch on wake-ups that decoded nothing,
 /// so that the sink can act on time passing), with the session's counters so far; with
 /// `record`, every event is
-/// also written to that file. Returns when the duration elapses, on SIGINT/SIGTERM, or when
-/// all attached processes have exited; pending data is flushed first.
+/// also written to that file. With a `finder` (node mode), servers that start are traced too,
+/// each from its exec. Returns when the duration elapses, on SIGINT/SIGTERM, or (without a
+/// finder) when all attached processes have exited; pending data is flushed first.
 pub async fn run_live(
     options: &LiveOptions,
     record: Option<&Path>,
+    mut finder: Option<Finder>,
     mut sink: impl FnMut(&[Decoded], &Summary),
 ) -> anyhow::Result<Summary> {
     let pids: Vec<u32> = options.targets.iter().map(|t| t.pid).collect();
@@ -252,6 +257,7 @@ pub async fn run_live(
     tokio::pin!(deadline);
     let mut events = initial;
     let mut checked_exit = Instant::now();
+    let mut scanned = Instant::now();
     loop {
         let mut stop = false;
         tokio::select! {
@@ -265,12 +271,20 @@ pub async fn run_live(
         loop {
             let more = live.poll(&mut events);
             let mut batch = Vec::new();
+            let mut started = Vec::new();
             for event in events.drain(..) {
                 if let Some(w) = recorder.as_mut() {
                     w.write(&event).context("writing the recording")?;
                 }
                 summary.count(&event);
+                if let Some(finder) = finder.as_mut() {
+                    started.extend(servers_started(finder, &event));
+                }
                 batch.extend(flows.handle(&event));
+            }
+            // Their records come from the next poll on, after the events that announce them.
+            for target in started {
+                events.extend(follow(&mut live, target));
             }
             // Flows complete in drain order; show each batch's messages in time order.
             batch.sort_by_key(Decoded::start_ns);
@@ -281,7 +295,15 @@ pub async fn run_live(
                 break;
             }
         }
-        if !stop && checked_exit.elapsed() >= EXIT_CHECK {
+        if let Some(finder) = finder.as_mut()
+            && scanned.elapsed() >= RESCAN
+        {
+            scanned = Instant::now();
+            for target in finder.scan() {
+                events.extend(follow(&mut live, target));
+            }
+        }
+        if finder.is_none() && !stop && checked_exit.elapsed() >= EXIT_CHECK {
             checked_exit = Instant::now();
             if pids.iter().all(|&pid| !procfs::is_running(pid)) {
                 tracing::info!("all attached processes have exited");
@@ -311,6 +333,62 @@ pub async fn run_live(
     summary.vanished_fds = live.stats.vanished_fds;
     summary.python = live.python.stats;
     Ok(summary)
+}
+
+/// Node mode: the server an event says started (an untraced process's exec that is a
+/// server's), and the end of a traced one.
+fn servers_started(finder: &mut Finder, event: &CaptureEvent) -> Option<Target> {
+    match event {
+        CaptureEvent::Kernel(Record::Spawn { header, .. }) => finder.consider(header.tgid),
+        CaptureEvent::Kernel(Record::Exit { header }) => {
+            if finder.exited(header.tgid) {
+                tracing::info!("server pid {} exited", header.tgid);
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+/// Trace a server that started: the event that starts its engine instance, then its
+/// processes'. A server that exits before it is tracked is left out.
+fn follow(live: &mut LiveCapture, target: Target) -> Vec<CaptureEvent> {
+    match live.follow(target.pid) {
+        Ok(processes) if !processes.is_empty() => {
+            tracing::info!("tracing {}", describe(&target));
+            std::iter::once(CaptureEvent::Target(Box::new(target)))
+                .chain(processes)
+                .collect()
+        }
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            tracing::warn!("server pid {}: {e:#}", target.pid);
+            Vec::new()
+        }
+    }
+}
+
+/// `vLLM 0.32.0 server pid 42 (model Qwen/Qwen3-0.6B, container 3f1c6b0e8d2a)`.
+pub fn describe(target: &Target) -> String {
+    let engine = target
+        .engine
+        .map_or("OpenAI-compatible", |e| e.recognition().name);
+    let mut text = engine.to_owned();
+    if let Some(v) = &target.version {
+        text += &format!(" {v}");
+    }
+    text += &format!(" server pid {}", target.pid);
+    let mut about = Vec::new();
+    if let Some(model) = &target.served_model {
+        about.push(format!("model {model}"));
+    }
+    if let Some(id) = &target.identity.container_id {
+        about.push(format!("container {}", &id[..12.min(id.len())]));
+    }
+    if !about.is_empty() {
+        text += &format!(" ({})", about.join(", "));
+    }
+    text
 }
 
 /// Replay a recording through the same decoding stage. Needs no privileges. `sink` also

@@ -37,6 +37,9 @@ pub mod kind {
     /// An application thread began serializing a message with CPython's `pickle.dumps`
     /// (header only; `header.ts_ns` is the call's entry).
     pub const PICKLE_DUMPS: u32 = 14;
+    /// A process that is not tracked called execve, while `Config::announce_execs` is set
+    /// ([`ProcRecord`]): the node agent decides whether it starts an engine.
+    pub const SPAWN: u32 = 15;
 }
 
 /// The probed CUDA driver entry points (every `_v2`/`_ptsz` variant maps to its base), as
@@ -542,7 +545,9 @@ pub struct Config {
     /// Non-zero: one CUDA_CALL record per probed driver call instead of one CUDA_STEP per
     /// synchronisation (for checking the aggregation, and for measuring what it saves).
     pub cuda_every_call: u32,
-    pub _pad: u32,
+    /// Non-zero: every execve on the host is reported (`kind::SPAWN` for untracked
+    /// processes), so that the node agent sees each engine as it starts.
+    pub announce_execs: u32,
 }
 
 impl Default for Config {
@@ -551,7 +556,7 @@ impl Default for Config {
             cap_bytes: DEFAULT_CAP_BYTES,
             wakeup_watermark: 0,
             cuda_every_call: 0,
-            _pad: 0,
+            announce_execs: 0,
         }
     }
 }

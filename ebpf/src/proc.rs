@@ -4,12 +4,14 @@
 //! of tracked processes grows in the kernel the moment a tracked process forks: no syscall of
 //! the child can slip by before userspace hears of it.
 use aya_ebpf::{
-    EbpfContext as _, helpers::bpf_get_current_comm, helpers::bpf_ktime_get_ns, macros::tracepoint,
+    EbpfContext as _,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::tracepoint,
     programs::TracePointContext,
 };
 use infertrace_common::{ProcRecord, RecordHeader, counter, kind};
 
-use crate::shared::{TRACKED, count, submit, tracked_tgid};
+use crate::shared::{TRACKED, config, count, submit, tracked_tgid};
 
 /// Offsets in the tracepoints' records (see /sys/kernel/tracing/events/sched/*/format).
 const FORK_CHILD_PID: usize = 20;
@@ -53,11 +55,17 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// A tracked process replaced its program: userspace re-reads its identity.
+/// A tracked process replaced its program: userspace re-reads its identity. In node mode
+/// (`announce_execs`) any other process's exec is reported too, so that an engine is tracked
+/// from its start, before its first request; an exec is rare next to the I/O traced.
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     if let Some((tgid, tid)) = tracked_tgid() {
         emit(kind::EXEC, tgid, tid, tgid);
+    } else if config().announce_execs != 0 {
+        let id = bpf_get_current_pid_tgid();
+        let tgid = (id >> 32) as u32;
+        emit(kind::SPAWN, tgid, id as u32, tgid);
     }
     0
 }

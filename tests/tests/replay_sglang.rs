@@ -255,6 +255,7 @@ fn replay_to_jsonl(name: &str, out: &std::path::Path, sglang_trace_level: u8) {
                         engine: Some(Engine::Sglang),
                         version: None,
                         served_model: Some("tiny".into()),
+                        ..Target::default()
                     }],
                     host: header.host.clone(),
                     profile_output: None,

@@ -172,6 +172,7 @@ fn workload_spans_and_metrics_agree_with_vllms_own() {
                         engine: None,
                         version: Some("0.32.0+cpu".into()),
                         served_model: None,
+                        ..Target::default()
                     }],
                     host: header.host.clone(),
                     profile_output: None,

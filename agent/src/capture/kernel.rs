@@ -93,6 +93,9 @@ pub struct KernelOptions {
     /// Leave SGLang main processes' and DP controllers' `pickle.dumps` unprobed (no
     /// `api_server_dispatch`: the `tokenize` span then covers it; no `dpc_dispatch`).
     pub no_pickle_probe: bool,
+    /// Report every exec on the host, not only the traced processes' (node mode: engines are
+    /// traced from their start).
+    pub announce_execs: bool,
 }
 
 impl Default for KernelOptions {
@@ -104,6 +107,7 @@ impl Default for KernelOptions {
             python: PythonOptions::default(),
             no_zmq_probe: false,
             no_pickle_probe: false,
+            announce_execs: false,
         }
     }
 }
@@ -162,7 +166,7 @@ impl KernelCapture {
                 cap_bytes: options.cap_bytes,
                 wakeup_watermark: ring_bytes / 4,
                 cuda_every_call: u32::from(options.cuda.every_call),
-                _pad: 0,
+                announce_execs: u32::from(options.announce_execs),
             },
             0,
         )?;

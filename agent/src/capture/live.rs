@@ -78,46 +78,51 @@ impl LiveCapture {
             }
         }
         let mut kernel = KernelCapture::load(options)?;
-        let mut cuda = CudaWatch::new(CudaDriver(options.cuda));
-        let mut zmq = ZmqWatch::new(Libzmq {
-            off: options.no_zmq_probe,
-        });
-        let mut pickle = PickleWatch::new(CpythonPickle {
-            off: options.no_pickle_probe,
-        });
-        let mut python = PythonWatch::start(options.python, &mut kernel);
+        let python = PythonWatch::start(options.python, &mut kernel);
+        let mut live = Self {
+            cuda: CudaWatch::new(CudaDriver(options.cuda)),
+            zmq: ZmqWatch::new(Libzmq {
+                off: options.no_zmq_probe,
+            }),
+            pickle: PickleWatch::new(CpythonPickle {
+                off: options.no_pickle_probe,
+            }),
+            python,
+            kernel,
+            roles: Roles::default(),
+            sockets: SocketLookup::default(),
+            clock: ClockWatch::new(clock::realtime_minus_monotonic().1),
+            counters_read: None,
+            stats: LiveStats::default(),
+        };
         let mut events = Vec::new();
         for &pid in pids {
-            for member in procfs::process_tree(pid) {
-                kernel.track(member)?;
-                cuda.watch(member);
-                zmq.watch(member);
-                pickle.watch(member);
-                python.watch(member, &mut kernel);
-                if let Some(info) = process_info(member) {
-                    events.push(CaptureEvent::Process(info));
-                }
-            }
+            events.extend(live.follow(pid)?);
             // A process that exited while we attached: say so plainly instead of tracing nothing.
             if !procfs::exists(pid) {
                 bail!("pid {pid} exited while infertrace was attaching");
             }
         }
-        Ok((
-            Self {
-                kernel,
-                cuda,
-                zmq,
-                pickle,
-                python,
-                roles: Roles::default(),
-                sockets: SocketLookup::default(),
-                clock: ClockWatch::new(clock::realtime_minus_monotonic().1),
-                counters_read: None,
-                stats: LiveStats::default(),
-            },
-            events,
-        ))
+        Ok((live, events))
+    }
+
+    /// Start tracing `pid` and its current descendants (node mode calls this as servers
+    /// start). The process itself is tracked first, so that a child it forks meanwhile is
+    /// tracked by the kernel. Returns a Process event per traced process.
+    pub fn follow(&mut self, pid: u32) -> anyhow::Result<Vec<CaptureEvent>> {
+        self.kernel.track(pid)?;
+        let mut events = Vec::new();
+        for member in procfs::process_tree(pid) {
+            self.kernel.track(member)?;
+            self.cuda.watch(member);
+            self.zmq.watch(member);
+            self.pickle.watch(member);
+            self.python.watch(member, &mut self.kernel);
+            if let Some(info) = process_info(member) {
+                events.push(CaptureEvent::Process(info));
+            }
+        }
+        Ok(events)
     }
 
     /// Read one batch of records from the ring buffer into `out`, each preceded by the /proc
@@ -239,7 +244,9 @@ impl LiveCapture {
                 self.sockets.forget(header.tgid);
                 self.kernel.forget_process(header.tgid);
             }
-            Record::Close { .. }
+            // Node mode's business (is it an engine starting?), not the capture's.
+            Record::Spawn { .. }
+            | Record::Close { .. }
             | Record::Io { .. }
             | Record::Poll { .. }
             | Record::CudaStep(_)

@@ -65,6 +65,7 @@ impl Header {
                 engine,
                 version: self.engine_version.clone(),
                 served_model: self.served_model.clone(),
+                ..Target::default()
             })
             .collect()
     }
@@ -75,6 +76,7 @@ impl Header {
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum MetaEvent {
     Process(ProcessInfo),
+    Target(Box<Target>),
     Fd {
         tgid: u32,
         fd: u32,
@@ -125,6 +127,7 @@ impl<W: Write> Writer<W> {
                 return self.frame(TAG_KERNEL, &records::encode(record));
             }
             CaptureEvent::Process(p) => MetaEvent::Process(p.clone()),
+            CaptureEvent::Target(t) => MetaEvent::Target(t.clone()),
             CaptureEvent::Fd { tgid, fd, kind } => MetaEvent::Fd {
                 tgid: *tgid,
                 fd: *fd,
@@ -240,6 +243,7 @@ fn decode_frame(tag: u8, body: &[u8]) -> Result<CaptureEvent, String> {
             let meta: MetaEvent = serde_json::from_slice(body).map_err(|e| e.to_string())?;
             Ok(match meta {
                 MetaEvent::Process(p) => CaptureEvent::Process(p),
+                MetaEvent::Target(t) => CaptureEvent::Target(t),
                 MetaEvent::Fd { tgid, fd, kind } => CaptureEvent::Fd { tgid, fd, kind },
                 MetaEvent::Counters(c) => CaptureEvent::Counters(c),
                 MetaEvent::Tick => CaptureEvent::Tick,
@@ -284,6 +288,7 @@ mod tests {
                 engine: Some(Engine::Vllm),
                 version: Some("0.32.0".into()),
                 served_model: None,
+                ..Target::default()
             }],
             engine_version: None,
             served_model: None,

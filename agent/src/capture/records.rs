@@ -20,6 +20,11 @@ pub enum Record {
         header: RecordHeader,
         comm: String,
     },
+    /// An untracked process called execve (node mode: is it an engine starting?).
+    Spawn {
+        header: RecordHeader,
+        comm: String,
+    },
     Exit {
         header: RecordHeader,
     },
@@ -66,6 +71,7 @@ impl Record {
         match self {
             Record::Fork { header, .. }
             | Record::Exec { header, .. }
+            | Record::Spawn { header, .. }
             | Record::Exit { header }
             | Record::NewFd { header, .. }
             | Record::Close { header, .. }
@@ -111,6 +117,10 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
                 comm: comm(&r.comm),
             })
         }
+        kind::SPAWN => Ok(Record::Spawn {
+            header,
+            comm: comm(&read::<ProcRecord>(bytes)?.comm),
+        }),
         kind::EXIT => Ok(Record::Exit { header }),
         kind::NEW_FD => {
             let r: NewFdRecord = read(bytes)?;
@@ -205,7 +215,9 @@ pub fn encode(record: &Record) -> Vec<u8> {
             child,
             comm,
         } => proc(header, *child, comm),
-        Record::Exec { header, comm } => proc(header, header.tgid, comm),
+        Record::Exec { header, comm } | Record::Spawn { header, comm } => {
+            proc(header, header.tgid, comm)
+        }
         Record::Exit { header } => proc(header, header.tgid, ""),
         Record::NewFd {
             header,
@@ -300,6 +312,13 @@ mod tests {
                     ..header
                 },
                 comm: "vllm".into(),
+            },
+            Record::Spawn {
+                header: RecordHeader {
+                    kind: kind::SPAWN,
+                    ..header
+                },
+                comm: "python3".into(),
             },
             Record::Exit {
                 header: RecordHeader {

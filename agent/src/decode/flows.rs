@@ -17,7 +17,7 @@ use super::{
     zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
 };
 use crate::capture::{CaptureEvent, ProcessInfo, Record};
-use crate::discover::sockets::FdKind;
+use crate::discover::{engine::Target, sockets::FdKind};
 
 /// Ticks an out-of-order syscall may wait for the ones before it before they count as lost.
 const REORDER_TICKS: u32 = 2;
@@ -48,6 +48,11 @@ pub enum Decoded {
     MailboxPoll(MailboxPoll),
     /// A traced process and its title (command line), for the trackers that name processes.
     Process(ProcessInfo),
+    /// A server joined the traced set (node mode): the pipeline starts its engine instance.
+    Traced(Box<Target>),
+    /// A traced process exited (its last thread did): the pipeline ends the instance whose
+    /// server it was, and forgets it otherwise.
+    Exited { tgid: u32, ns: u64 },
     /// A thread's CUDA step, or a kernel's name.
     Cuda(CudaEvent),
     /// A Python thread's stack sample.
@@ -150,6 +155,8 @@ impl Decoded {
         !matches!(
             self,
             Decoded::Process(_)
+                | Decoded::Traced(_)
+                | Decoded::Exited { .. }
                 | Decoded::LoopWait(_)
                 | Decoded::MailboxPoll(_)
                 | Decoded::Cuda(_)
@@ -168,6 +175,8 @@ impl Decoded {
             Decoded::LoopWait(w) => Some(w.tgid),
             Decoded::MailboxPoll(p) => Some(p.tgid),
             Decoded::Process(p) => Some(p.pid),
+            Decoded::Traced(target) => Some(target.pid),
+            Decoded::Exited { tgid, .. } => Some(*tgid),
             Decoded::Cuda(CudaEvent::Step(step)) => Some(step.tgid),
             Decoded::Cuda(CudaEvent::Name(
                 CudaName::Named { tgid, .. } | CudaName::Alias { tgid, .. },
@@ -197,8 +206,9 @@ impl Decoded {
             // Its call began before any write of its message: sorted ahead of them.
             Decoded::Handover(h) => h.enter_ns,
             Decoded::Serializing(s) => s.ns,
-            // Known before any message: sorted first.
-            Decoded::Process(_) => 0,
+            // Known before any message: sorted first (a server before its processes).
+            Decoded::Process(_) | Decoded::Traced(_) => 0,
+            Decoded::Exited { ns, .. } => *ns,
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
             // A name is needed by the steps after it: sorted first, like a process.
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
@@ -222,7 +232,8 @@ impl Decoded {
             Decoded::Wakeup(w) => w.ns,
             Decoded::LoopWait(w) => w.exit_ns,
             Decoded::MailboxPoll(p) => p.ns,
-            Decoded::Process(_) => 0,
+            Decoded::Process(_) | Decoded::Traced(_) => 0,
+            Decoded::Exited { ns, .. } => *ns,
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
             // A name is needed by the steps after it: sorted first, like a process.
             Decoded::Cuda(CudaEvent::Name(_)) => 0,
@@ -571,6 +582,10 @@ impl FlowTable {
                 for key in keys {
                     self.end(key, header.ts_ns, &mut out);
                 }
+                out.push(Decoded::Exited {
+                    tgid: header.tgid,
+                    ns: header.ts_ns,
+                });
             }
             CaptureEvent::Kernel(Record::ZmqSend(r)) => out.push(Decoded::Handover(Handover {
                 tgid: r.header.tgid,
@@ -622,6 +637,7 @@ impl FlowTable {
             })),
             CaptureEvent::Tick => self.tick(&mut out),
             CaptureEvent::Process(info) => out.push(Decoded::Process(info.clone())),
+            CaptureEvent::Target(target) => out.push(Decoded::Traced(target.clone())),
             _ => {}
         }
         out

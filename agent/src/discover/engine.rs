@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     cmdline::{Program, flag_value, is_python, program, tokens},
+    identity::Identity,
     procfs,
     recognition::Recognition,
     sockets,
@@ -82,18 +83,39 @@ pub struct Target {
     pub version: Option<String>,
     /// The served model name, else the model the server was launched with.
     pub served_model: Option<String>,
+    /// When the process started (clock ticks after boot): a later process that reuses the pid
+    /// is another server. None in recordings made before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<u64>,
+    /// Its environment's service name and its container.
+    #[serde(default)]
+    pub identity: Identity,
 }
 
 impl Target {
     /// What discovery finds of `pid` now (a process that is not an engine, or is gone, gives a
     /// target without an engine).
     pub fn discover(pid: u32) -> Self {
-        let found = identify(pid);
+        match identify(pid) {
+            Some(found) => Self::of(found),
+            None => Self {
+                pid,
+                start_time: procfs::start_time(pid),
+                identity: Identity::of_process(pid),
+                ..Self::default()
+            },
+        }
+    }
+
+    /// The server whose process discovery found.
+    pub fn of(found: EngineProcess) -> Self {
         Self {
-            pid,
-            engine: found.as_ref().map(|f| f.engine),
-            version: found.as_ref().and_then(|f| f.version.clone()),
-            served_model: found.and_then(|f| f.served_model_name.or(f.model)),
+            pid: found.pid,
+            engine: Some(found.engine),
+            version: found.version,
+            served_model: found.served_model_name.or(found.model),
+            start_time: procfs::start_time(found.pid),
+            identity: Identity::of_process(found.pid),
         }
     }
 }
@@ -111,6 +133,14 @@ pub fn identify(pid: u32) -> Option<EngineProcess> {
 pub fn engine_role(pid: u32) -> Option<(Engine, Role)> {
     let pid = procfs::tgid_of(pid).unwrap_or(pid);
     classify(&ancestry(pid, ProcInfo::read))
+}
+
+/// Whether `pid` says of itself (its title or its command line, not its ancestors) that it is
+/// an engine's API server: two small reads, cheap enough for every exec on a host.
+pub fn says_api_server(pid: u32) -> bool {
+    ProcInfo::read_own(pid)
+        .and_then(|p| own_identity(&p))
+        .is_some_and(|(_, role, _)| role == Role::ApiServer)
 }
 
 /// All engine processes on the host, sorted by pid.
@@ -209,8 +239,16 @@ struct ProcInfo {
 impl ProcInfo {
     fn read(pid: u32) -> Option<ProcInfo> {
         Some(ProcInfo {
-            pid,
             ppid: procfs::ppid(pid),
+            ..Self::read_own(pid)?
+        })
+    }
+
+    /// Without the parent (whose look-up reads /proc/PID/status).
+    fn read_own(pid: u32) -> Option<ProcInfo> {
+        Some(ProcInfo {
+            pid,
+            ppid: None,
             comm: procfs::comm(pid)?,
             cmdline: procfs::cmdline(pid)?,
         })

@@ -56,6 +56,20 @@ pub fn ppid(pid: u32) -> Option<u32> {
     status_field(pid, "PPid")?.parse().ok()
 }
 
+/// When the process started, in clock ticks after boot (/proc/PID/stat's 22nd field): with
+/// the pid, what tells a process from a later one that reuses its number.
+pub fn start_time(pid: u32) -> Option<u64> {
+    start_time_in_stat(&fs::read_to_string(proc_path(pid, "stat")).ok()?)
+}
+
+/// The start time in a /proc/PID/stat line. The command name (field 2) is in parentheses and
+/// may hold spaces and parentheses itself: fields are counted after its last ')'.
+fn start_time_in_stat(stat: &str) -> Option<u64> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (state) is the first after the name; field 22 is the 20th.
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// All process ids currently in /proc.
 pub fn all_pids() -> Vec<u32> {
     let Ok(dir) = fs::read_dir("/proc") else {
@@ -85,4 +99,20 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
         i += 1;
     }
     tree
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_time_is_found_past_a_name_with_spaces_and_parentheses() {
+        let stat = "4242 (python3 (x) y) S 1 4242 4242 0 -1 4194560 20810 0 0 0 93 10 0 0 20 0 \
+                    5 0 123456 1000000 2000 18446744073709551615";
+        assert_eq!(start_time_in_stat(stat), Some(123_456));
+        assert_eq!(start_time_in_stat("4242 (python3) S 1"), None);
+        assert_eq!(start_time_in_stat("garbage"), None);
+        let own = start_time(std::process::id()).expect("our own start time");
+        assert!(own > 0);
+    }
 }

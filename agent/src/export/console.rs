@@ -43,6 +43,9 @@ impl Console {
                 | Decoded::MailboxPoll(_)
                 | Decoded::Serializing(_)
                 | Decoded::PySample(_)
+                // The agent's log says which servers it traces, and when they exit.
+                | Decoded::Traced(_)
+                | Decoded::Exited { .. }
         ) {
             return None;
         }
@@ -94,7 +97,9 @@ impl Console {
             Decoded::LoopWait(_)
             | Decoded::MailboxPoll(_)
             | Decoded::Serializing(_)
-            | Decoded::PySample(_) => {}
+            | Decoded::PySample(_)
+            | Decoded::Traced(_)
+            | Decoded::Exited { .. } => {}
             Decoded::Cuda(CudaEvent::Step(step)) => {
                 let _ = write!(
                     line,

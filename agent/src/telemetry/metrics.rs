@@ -87,6 +87,8 @@ pub struct Registry {
     series: BTreeMap<(&'static str, Scope, Dimensions), f64>,
     /// Each engine instance's identity attributes, by scope.
     scopes: BTreeMap<Scope, Resource>,
+    /// The last scope handed out (never reused: an ended instance's number stays its own).
+    last_scope: Scope,
     /// The scope that series written now belong to.
     scope: Scope,
     /// Updates lost to the series bound.
@@ -96,9 +98,16 @@ pub struct Registry {
 impl Registry {
     /// A new scope for an engine instance, whose series carry `attributes`.
     pub fn add_scope(&mut self, attributes: Resource) -> Scope {
-        let scope = self.scopes.keys().next_back().map_or(AGENT, |s| *s) + 1;
-        self.scopes.insert(scope, attributes);
-        scope
+        self.last_scope += 1;
+        self.scopes.insert(self.last_scope, attributes);
+        self.last_scope
+    }
+
+    /// An engine instance ended: its scope and series go (a server that is gone has no
+    /// current values).
+    pub fn remove_scope(&mut self, scope: Scope) {
+        self.scopes.remove(&scope);
+        self.series.retain(|(_, s, _), _| *s != scope);
     }
 
     /// Run `f` with every series it writes put in `scope`.

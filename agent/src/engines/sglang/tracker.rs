@@ -495,7 +495,11 @@ impl SglangTracker {
             // is its instant, with no loop iteration to wait for.
             // GPU steps and Python samples go to the pipeline's own stages.
             Decoded::LoopWait(wait) => self.handoffs.loop_waited(wait),
-            Decoded::Cuda(_) | Decoded::PySample(_) | Decoded::Clock(_) => {}
+            Decoded::Cuda(_)
+            | Decoded::PySample(_)
+            | Decoded::Clock(_)
+            | Decoded::Traced(_)
+            | Decoded::Exited { .. } => {}
             // The schedulers' loops; main's polls are its asyncio loop's business.
             Decoded::MailboxPoll(poll) if self.ranks.contains_key(&poll.tgid) => {
                 self.stats.loop_iterations += self.loops.poll(poll);

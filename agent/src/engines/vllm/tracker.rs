@@ -391,6 +391,8 @@ impl VllmTracker {
             // GPU steps and Python samples go to the pipeline's own stages; vLLM's sends are
             // timed at their write; its loops are followed by their epoll waits.
             Decoded::Process(_)
+            | Decoded::Traced(_)
+            | Decoded::Exited { .. }
             | Decoded::MailboxPoll(_)
             | Decoded::Cuda(_)
             | Decoded::PySample(_)

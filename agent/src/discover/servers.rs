@@ -1,0 +1,122 @@
+//! Node mode: which servers on this host to trace. A server is an engine's API server
+//! (vLLM's API server, SGLang's main process) whose parent is no process of the same engine;
+//! the kernel follows the processes it starts. Servers are found by a /proc scan (at start,
+//! and now and then in case an exec was missed) and as each starts (its exec).
+use std::collections::HashMap;
+
+use super::engine::{self, EngineProcess, Role, Target};
+use crate::engines::Engine;
+
+/// The servers found so far, so that each is reported once per process.
+#[derive(Debug, Default)]
+pub struct Finder {
+    /// Traced servers: pid -> start time (a later process with the pid is another server).
+    traced: HashMap<u32, Option<u64>>,
+}
+
+impl Finder {
+    /// The servers running now that are not traced yet.
+    pub fn scan(&mut self) -> Vec<Target> {
+        let found = engine::scan();
+        let engine_of = |pid: u32| found.iter().find(|p| p.pid == pid).map(|p| p.engine);
+        found
+            .iter()
+            .filter(|p| is_server(p, engine_of))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|p| self.admit(p))
+            .collect()
+    }
+
+    /// A process that is not traced called execve: the server it starts, if it is one.
+    pub fn consider(&mut self, pid: u32) -> Option<Target> {
+        // Most execs on a host are not servers: two small reads tell.
+        if !engine::says_api_server(pid) {
+            return None;
+        }
+        let found = engine::identify(pid)?;
+        if !is_server(&found, |ppid| engine::engine_role(ppid).map(|(e, _)| e)) {
+            return None;
+        }
+        self.admit(found)
+    }
+
+    /// A traced process exited: whether it was a server.
+    pub fn exited(&mut self, pid: u32) -> bool {
+        self.traced.remove(&pid).is_some()
+    }
+
+    fn admit(&mut self, found: EngineProcess) -> Option<Target> {
+        let target = Target::of(found);
+        if self.traced.get(&target.pid) == Some(&target.start_time) {
+            return None;
+        }
+        self.traced.insert(target.pid, target.start_time);
+        Some(target)
+    }
+}
+
+/// An API server whose parent is no process of the same engine (vLLM's API servers under
+/// one `vllm serve --api-server-count N` are followed from their launcher).
+fn is_server(p: &EngineProcess, engine_of: impl Fn(u32) -> Option<Engine>) -> bool {
+    p.role == Role::ApiServer && p.ppid.and_then(engine_of) != Some(p.engine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(pid: u32, ppid: u32, engine: Engine, role: Role) -> EngineProcess {
+        EngineProcess {
+            pid,
+            ppid: Some(ppid),
+            engine,
+            role,
+            comm: "python3".into(),
+            version: None,
+            model: None,
+            served_model_name: None,
+            listening_ports: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn servers_are_api_servers_not_launched_by_their_own_engine() {
+        let engines = |pid| match pid {
+            10 => Some(Engine::Vllm),
+            20 => Some(Engine::Sglang),
+            _ => None,
+        };
+        assert!(is_server(
+            &process(11, 1, Engine::Vllm, Role::ApiServer),
+            engines
+        ));
+        // An API server of a vLLM launcher: traced with it.
+        assert!(!is_server(
+            &process(11, 10, Engine::Vllm, Role::ApiServer),
+            engines
+        ));
+        // Another engine's child is a server of its own.
+        assert!(is_server(
+            &process(11, 20, Engine::Vllm, Role::ApiServer),
+            engines
+        ));
+        assert!(!is_server(
+            &process(11, 1, Engine::Vllm, Role::EngineCore),
+            engines
+        ));
+    }
+
+    #[test]
+    fn each_server_is_admitted_once_per_process() {
+        let mut finder = Finder::default();
+        let me = std::process::id();
+        let server = || process(me, 1, Engine::Vllm, Role::ApiServer);
+        assert!(finder.admit(server()).is_some());
+        assert!(finder.admit(server()).is_none());
+        assert!(finder.exited(me));
+        assert!(!finder.exited(me));
+        assert!(finder.admit(server()).is_some());
+    }
+}
