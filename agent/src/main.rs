@@ -196,7 +196,7 @@ struct OutputArgs {
 
 impl OutputArgs {
     /// OTLP settings, when OTLP export is asked for (flag or environment).
-    fn otlp(&self, targets: &[Target]) -> anyhow::Result<Option<OtlpOptions>> {
+    fn otlp(&self) -> anyhow::Result<Option<OtlpOptions>> {
         let from_env = [
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -216,34 +216,10 @@ impl OutputArgs {
                 anyhow::anyhow!("OTLP protocol {p:?}: expected `grpc` or `http/protobuf`")
             })?,
         };
-        let mut resource = vec![
-            (
-                "host.name".to_owned(),
-                infertrace::discover::system::hostname(),
-            ),
-            ("telemetry.auto.name".to_owned(), "infertrace".to_owned()),
-            (
-                "telemetry.auto.version".to_owned(),
-                env!("CARGO_PKG_VERSION").to_owned(),
-            ),
-        ];
-        // As the engine's own tracing names itself (vLLM's and SGLang's default); servers of
-        // several engines are told apart by their metrics' service.instance.id.
-        let package = shared(targets.iter().map(|t| {
-            engines::kind_or_default(t.engine.as_ref())
-                .recognition()
-                .package
-        }));
-        if package.is_some()
-            && let Some(Some(v)) = shared(targets.iter().map(|t| t.version.as_deref()))
-        {
-            resource.push(("service.version".to_owned(), v.to_owned()));
-        }
         Ok(Some(OtlpOptions {
             endpoint: self.otlp_endpoint.clone(),
             protocol,
-            service_name: package.unwrap_or("infertrace").to_owned(),
-            resource,
+            host: infertrace::discover::system::hostname(),
         }))
     }
 
@@ -303,7 +279,7 @@ impl OutputArgs {
         };
         let registry = Arc::new(Mutex::new(Registry::default()));
         let mut exporters = self.exporters()?;
-        if let Some(otlp) = self.otlp(&options.targets)? {
+        if let Some(otlp) = self.otlp()? {
             tracing::info!(
                 "exporting over OTLP ({:?}) to {}",
                 otlp.protocol,
@@ -315,7 +291,7 @@ impl OutputArgs {
                 &otlp,
                 registry.clone(),
                 &[
-                    &engine_metrics(&options.targets),
+                    &engine_metrics(),
                     &agent_metrics::ALL[..],
                     &gpu::ALL[..],
                     &[&python_samples::PYTHON_SAMPLES],
@@ -530,18 +506,12 @@ fn live(
     Ok(pipeline)
 }
 
-/// The value every item has, when they all have the same one.
-fn shared<T: PartialEq>(mut values: impl Iterator<Item = T>) -> Option<T> {
-    let first = values.next()?;
-    values.all(|v| v == first).then_some(first)
-}
-
-/// The metrics of the targets' engines (each kind's once), for exporters that declare their
-/// instruments up front.
-fn engine_metrics(targets: &[Target]) -> Vec<&'static MetricDef> {
+/// Every engine kind's metrics (each once), for exporters that declare their instruments up
+/// front: in node mode any kind may start later.
+fn engine_metrics() -> Vec<&'static MetricDef> {
     let mut defs: Vec<&'static MetricDef> = Vec::new();
-    for target in targets {
-        for def in engines::kind_or_default(target.engine.as_ref()).metrics() {
+    for engine in engines::Engine::ALL {
+        for def in engines::kind(&engine).metrics() {
             if !defs.iter().any(|d| d.name == def.name) {
                 defs.push(def);
             }

@@ -19,9 +19,9 @@ use crate::{
     routing::Owners,
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
-        metrics::{Registry, Resource, SERVICE_INSTANCE_ID, Scope},
+        metrics::{Registry, Resource, Scope},
         profile::Profile,
-        python_samples,
+        python_samples, resource,
     },
 };
 
@@ -54,7 +54,7 @@ pub struct PipelineStats {
 struct Slot {
     instance: Box<dyn EngineInstance>,
     scope: Scope,
-    resource: Resource,
+    resource: Arc<Resource>,
 }
 
 /// Ended instances kept for the summary (node mode may see servers restart for weeks).
@@ -120,7 +120,7 @@ impl Pipeline {
     /// identity.
     pub fn add(&mut self, target: &Target) {
         let kind = engines::kind_or_default(target.engine.as_ref());
-        let identity = identity(&self.host, target);
+        let identity = resource::of_server(&self.host, target);
         let scope = self
             .registry
             .lock()
@@ -138,7 +138,7 @@ impl Pipeline {
                     self.clock.clone(),
                 )),
                 scope,
-                resource: identity,
+                resource: Arc::new(identity),
             },
         );
     }
@@ -377,10 +377,4 @@ impl Pipeline {
             }
         }
     }
-}
-
-/// What an instance's metrics carry so that two servers never share a series: the
-/// OpenTelemetry `service.instance.id` (host and pid, unique while the server runs).
-fn identity(host: &str, target: &Target) -> Resource {
-    [(SERVICE_INSTANCE_ID, format!("{host}:{}", target.pid))].into()
 }

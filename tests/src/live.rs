@@ -141,6 +141,16 @@ impl Drop for Cleanup {
 }
 
 impl Cleanup {
+    /// Stop the engine on `port`, if one runs (this test's turn with the engines begins).
+    pub fn stop_engine(&mut self, kind: EngineKind, port: u16) {
+        if self.turn.is_none() {
+            // A test that panicked while holding the turn poisons it; the next one still runs.
+            self.turn = Some(ENGINE_TURN.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        let stopped = kind.xtask(&["stop", "--port", &port.to_string()], &[]);
+        assert!(stopped.is_ok_and(|s| s.success()), "stopping {kind:?}");
+    }
+
     /// A fresh engine on `port` (stopped first, so that nothing is cached from an earlier
     /// run), started with `args` after `--` and `envs`; returns its main process's pid.
     pub fn fresh_engine(
@@ -150,13 +160,8 @@ impl Cleanup {
         args: &[&str],
         envs: &[(&str, &str)],
     ) -> String {
-        if self.turn.is_none() {
-            // A test that panicked while holding the turn poisons it; the next one still runs.
-            self.turn = Some(ENGINE_TURN.lock().unwrap_or_else(|e| e.into_inner()));
-        }
+        self.stop_engine(kind, port);
         let port_arg = port.to_string();
-        let stopped = kind.xtask(&["stop", "--port", &port_arg], &[]);
-        assert!(stopped.is_ok_and(|s| s.success()), "stopping {kind:?}");
         self.engines.push((kind, port));
         let mut all = vec!["start", "--port", &port_arg, "--"];
         all.extend_from_slice(args);
@@ -214,13 +219,24 @@ pub fn attach_with(pid: &str, ours: &Path, prom_port: u16, extra: &[&str]) -> Ag
 
 /// [`attach_with`] to several servers at once (one `--pid` each).
 pub fn attach_to(pids: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> Agent {
+    let mut command = vec!["attach"];
+    command.extend(pids.iter().flat_map(|pid| ["--pid", pid]));
+    start_agent(&command, ours, prom_port, extra)
+}
+
+/// `infertrace run` (the node agent), with the outputs of [`attach`].
+pub fn run_agent(ours: &Path, prom_port: u16, extra: &[&str]) -> Agent {
+    start_agent(&["run"], ours, prom_port, extra)
+}
+
+/// `infertrace COMMAND...` with the outputs of [`attach`]; returns once it is attached.
+fn start_agent(command: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> Agent {
     // Why a request's SGLang loop view was left out, should a test fail on it.
     let log = std::env::var("INFERTRACE_LOG")
         .unwrap_or_else(|_| "info,infertrace::engines::sglang::scheduler_loop=debug".into());
     let mut child = Command::new(infertrace_bin())
         .env("INFERTRACE_LOG", log)
-        .arg("attach")
-        .args(pids.iter().flat_map(|pid| ["--pid", pid]))
+        .args(command)
         .args(["--metrics-interval", "1", "--output"])
         .arg(format!("jsonl:{}", ours.display()))
         .arg("--profile-output")

@@ -1,7 +1,7 @@
 //! OTLP export end to end: `infertrace replay` of a real engine's workload fixture (vLLM's, over
 //! gRPC and over HTTP/protobuf; SGLang's over gRPC) sends its spans and metrics to a real OTLP
 //! receiver (the opentelemetry-proto Python bindings); what the receiver got must be what the
-//! JSONL output holds, under the engine's own service name.
+//! JSONL output holds, each engine instance's spans and metrics under its own resource.
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
@@ -77,6 +77,21 @@ fn span_shapes(
     shapes
 }
 
+/// Whether an OTLP resource (attribute -> AnyValue as JSON) holds every attribute of one of
+/// our JSONL resources (attribute -> string).
+fn same_resource(otlp: &Value, ours: &Value) -> bool {
+    ours.as_object().is_some_and(|ours| {
+        ours.iter().all(|(key, value)| {
+            let theirs = &otlp[key];
+            let text = theirs["stringValue"]
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| theirs["intValue"].as_str().map(str::to_owned));
+            text.as_deref() == value.as_str()
+        })
+    })
+}
+
 fn num(v: &Value) -> u64 {
     v.as_u64()
         .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
@@ -138,10 +153,16 @@ fn export_and_compare(recording: &str, service: &str, protocol: &str, with_event
             .iter()
             .all(|s| s["kind"] == "SPAN_KIND_INTERNAL")
     );
+    let instance = our_spans[0]["resource"].clone();
+    assert_eq!(
+        instance["service.name"], "tiny",
+        "the served model names the service"
+    );
     assert!(
         their_spans
             .iter()
-            .all(|s| s["_resource"]["service.name"]["stringValue"] == service)
+            .all(|s| same_resource(&s["_resource"], &instance)),
+        "every span under its instance's resource: {instance}"
     );
     let theirs = span_shapes(their_spans.iter().map(|s| {
         let keys = s["attributes"]
@@ -192,20 +213,35 @@ fn export_and_compare(recording: &str, service: &str, protocol: &str, with_event
         .expect("a snapshot");
     let mut last: BTreeMap<String, f64> = BTreeMap::new();
     for m in got.iter().filter(|v| v["_signal"] == "metric") {
-        let key = format!("{} {}", m["name"].as_str().unwrap(), m["attributes"]);
+        // The instance's points under its resource, the agent's own under the agent's.
+        let owner = if same_resource(&m["_resource"], &instance) {
+            "instance"
+        } else {
+            assert_eq!(m["_resource"]["service.name"]["stringValue"], "infertrace");
+            "agent"
+        };
+        let key = format!(
+            "{owner} {} {}",
+            m["name"].as_str().unwrap(),
+            m["attributes"]
+        );
         last.insert(key, m["value"].as_f64().unwrap());
     }
     let samples = snapshot["samples"].as_array().unwrap();
     assert!(!samples.is_empty());
     for s in samples {
-        // A point's attributes are its series' dimensions and its engine instance's identity
-        // (service.instance.id), which JSONL keeps apart as the sample's resource.
-        let mut attributes = s["dimensions"].as_object().cloned().unwrap_or_default();
-        if let Some(resource) = s["resource"].as_object() {
-            attributes.extend(resource.clone());
-        }
+        // A point's attributes are its series' dimensions; JSONL gives each sample its
+        // resource, OTLP each batch of points.
+        let attributes = s["dimensions"].as_object().cloned().unwrap_or_default();
+        let owner = match s.get("resource") {
+            Some(resource) => {
+                assert_eq!(resource, &instance);
+                "instance"
+            }
+            None => "agent",
+        };
         let key = format!(
-            "{} {}",
+            "{owner} {} {}",
             s["name"].as_str().unwrap(),
             Value::Object(attributes)
         );

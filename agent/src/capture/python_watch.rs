@@ -11,7 +11,7 @@ use infertrace_common::{PyProcess, PySampleRecord};
 
 use super::{CaptureEvent, kernel::KernelCapture};
 use crate::discover::{
-    btf,
+    btf, procfs,
     python::{self, BinaryCache, CodeName, Memory, PythonError, PythonProcess},
 };
 
@@ -98,6 +98,11 @@ impl PythonWatch {
         let process = match python::discover(pid, &mut self.binaries) {
             Ok(p) => p,
             Err(PythonError::NotPython(_)) => return,
+            // Gone already (a short-lived child): normal life, nothing to sample.
+            Err(e) if !procfs::exists(pid) => {
+                tracing::debug!("Python sampling: {e} (the process has exited)");
+                return;
+            }
             Err(e) => {
                 self.stats.unsupported += 1;
                 tracing::warn!("Python sampling: {e}; its stacks are not sampled");

@@ -4,7 +4,7 @@
 //!
 //! Each line is written into one pre-sized String: on a busy engine this runs for every
 //! message, and per-value `format!` calls made it the agent's most expensive step.
-use std::{collections::BTreeMap, fmt::Write as _, io::Write as _};
+use std::{collections::BTreeMap, fmt::Write as _, io::Write as _, sync::Arc};
 
 use infertrace_common::cuda_fn;
 
@@ -185,7 +185,7 @@ impl ConsoleExporter {
 }
 
 impl Exporter for ConsoleExporter {
-    fn spans(&mut self, _resource: &Resource, spans: &[Span]) {
+    fn spans(&mut self, _resource: &Arc<Resource>, spans: &[Span]) {
         let text = request_lines(spans);
         if !text.is_empty() {
             let mut out = std::io::stdout().lock();
@@ -430,7 +430,7 @@ mod tests {
             name,
             kind: crate::telemetry::metrics::Kind::Counter,
             resource: instance
-                .map(|id| [(SERVICE_INSTANCE_ID, id.to_string())].into())
+                .map(|id| Arc::new([(SERVICE_INSTANCE_ID.to_owned(), id.to_string())].into()))
                 .unwrap_or_default(),
             dimensions: BTreeMap::new(),
             value,

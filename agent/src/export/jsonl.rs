@@ -1,7 +1,7 @@
 //! JSON Lines: one line per span (`"type":"span"`), one per metrics snapshot
 //! (`"type":"metrics"`) and one per CUDA step of a traced thread (`"type":"cuda_step"`), for
 //! files and pipes (`--output jsonl:PATH`, `-` for stdout).
-use std::io::Write;
+use std::{io::Write, sync::Arc};
 
 use serde::Serialize;
 
@@ -64,7 +64,7 @@ impl<W: Write> Jsonl<W> {
 }
 
 impl<W: Write> Exporter for Jsonl<W> {
-    fn spans(&mut self, resource: &Resource, spans: &[Span]) {
+    fn spans(&mut self, resource: &Arc<Resource>, spans: &[Span]) {
         for span in spans {
             self.line(&SpanLine {
                 r#type: "span",
@@ -116,7 +116,7 @@ mod tests {
             error: None,
         };
         let mut out = Jsonl::new(Vec::new());
-        out.spans(&Resource::new(), &[span]);
+        out.spans(&Arc::default(), &[span]);
         let text = String::from_utf8(out.out).unwrap();
         assert_eq!(
             text,

@@ -1,6 +1,8 @@
 //! Where spans and metrics go: the console (default), JSONL files, OTLP, Prometheus.
 //!
 //! Exporters never stop the pipeline: a failed write is logged and counted by the exporter.
+use std::sync::Arc;
+
 use crate::telemetry::{
     gpu::GpuStepReport,
     metrics::{Resource, Sample},
@@ -15,7 +17,7 @@ pub mod prometheus;
 pub trait Exporter {
     /// The spans of one request trace (parents first), of the engine instance `resource`
     /// names.
-    fn spans(&mut self, resource: &Resource, spans: &[Span]);
+    fn spans(&mut self, resource: &Arc<Resource>, spans: &[Span]);
     /// A snapshot of every metric series, taken at `unix_ns`.
     fn metrics(&mut self, samples: &[Sample], unix_ns: u64);
     /// One CUDA step of a traced thread (only outputs that list every step keep it).

@@ -12,6 +12,7 @@
 //! `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`.
 use std::{
     borrow::Cow,
+    collections::BTreeMap,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -38,7 +39,7 @@ use opentelemetry_sdk::{
 
 use super::Exporter;
 use crate::telemetry::{
-    metrics::{self as registry, Kind, MetricDef, Registry, Sample},
+    metrics::{self as registry, Kind, MetricDef, Registry, Sample, Scope},
     span::{AttrValue, Attributes, Span},
 };
 
@@ -72,13 +73,13 @@ pub struct OtlpOptions {
     /// None: from the environment (`OTEL_EXPORTER_OTLP_ENDPOINT`, ...).
     pub endpoint: Option<String>,
     pub protocol: OtlpProtocol,
-    /// Resource attributes describing the traced engine (service.name unless OTEL_SERVICE_NAME).
-    pub service_name: String,
-    pub resource: Vec<(String, String)>,
+    /// The host the agent runs on (its own resource's `host.name`).
+    pub host: String,
 }
 
 enum Message {
-    Spans(Vec<Span>),
+    /// One trace, of the engine instance the resource names.
+    Spans(Arc<registry::Resource>, Vec<Span>),
     Metrics,
     Shutdown,
 }
@@ -140,7 +141,9 @@ fn http_url(base: &str, path: &str) -> String {
 }
 
 impl Otlp {
-    /// Build the exporters (fails on a bad endpoint) and start the export thread.
+    /// Build the exporters (fails on a bad endpoint) and start the export thread. Each engine
+    /// instance's spans and metrics go under its own resource; the agent's own series (capture,
+    /// GPU, Python samples) under the agent's.
     pub fn start(
         options: &OtlpOptions,
         registry: Arc<Mutex<Registry>>,
@@ -154,26 +157,214 @@ impl Otlp {
             ),
             OtlpProtocol::HttpProtobuf => Runner::Plain,
         };
-        let (mut spans, metric_exporter) = {
+        let (spans, metric_exporter) = {
             let _guard = match &runner {
                 Runner::Tokio(rt) => Some(rt.enter()),
                 Runner::Plain => None,
             };
             build_exporters(options)?
         };
-        let mut resource = Resource::builder();
-        if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
-            resource = resource.with_service_name(options.service_name.clone());
+        let mut exporter = Exporting {
+            spans,
+            metrics: metric_exporter,
+            meters: BTreeMap::new(),
+            registry,
+            defs: metrics.to_vec(),
+            agent: agent_resource(&options.host),
+            shared: shared_attributes(),
+        };
+        let (queue, rx) = mpsc::sync_channel(QUEUE_TRACES);
+        let (done_tx, done) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("otlp-export".into())
+            .spawn(move || {
+                exporter.run(&runner, &rx);
+                exporter.shutdown(&runner);
+                let _ = done_tx.send(());
+            })?;
+        Ok(Self {
+            queue,
+            thread: Some(thread),
+            dropped: Arc::new(AtomicU64::new(0)),
+            done: Some(done),
+        })
+    }
+}
+
+/// The attributes every resource of ours carries: what made the telemetry, and the agent's
+/// own `OTEL_RESOURCE_ATTRIBUTES` (e.g. a cluster name set on the DaemonSet).
+fn shared_attributes() -> Vec<KeyValue> {
+    let mut attributes = vec![
+        KeyValue::new("telemetry.auto.name", "infertrace"),
+        KeyValue::new("telemetry.auto.version", env!("CARGO_PKG_VERSION")),
+    ];
+    if let Ok(text) = std::env::var("OTEL_RESOURCE_ATTRIBUTES") {
+        attributes.extend(
+            crate::discover::identity::resource_attributes(&text)
+                .into_iter()
+                .map(|(k, v)| KeyValue::new(k, v)),
+        );
+    }
+    attributes
+}
+
+/// The agent's own resource: `service.name` infertrace (or the agent's `OTEL_SERVICE_NAME`).
+fn agent_resource(host: &str) -> Resource {
+    Resource::builder()
+        .with_service_name(
+            std::env::var("OTEL_SERVICE_NAME")
+                .ok()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "infertrace".to_owned()),
+        )
+        .with_attributes([
+            KeyValue::new("host.name", host.to_owned()),
+            KeyValue::new("process.pid", i64::from(std::process::id())),
+        ])
+        .build()
+}
+
+/// An engine instance's resource for the SDK: ours, after the shared attributes (ours win).
+fn instance_resource(shared: &[KeyValue], resource: &registry::Resource) -> Resource {
+    Resource::builder_empty()
+        .with_attributes(shared.iter().cloned())
+        .with_attributes(resource.iter().map(|(k, v)| match k.as_str() {
+            // An integer in the semantic conventions.
+            "process.pid" => v.parse::<i64>().map_or_else(
+                |_| KeyValue::new(k.clone(), v.clone()),
+                |pid| KeyValue::new(k.clone(), pid),
+            ),
+            _ => KeyValue::new(k.clone(), v.clone()),
+        }))
+        .build()
+}
+
+/// One resource's metrics: a meter provider whose instruments read that scope's series.
+struct Meters {
+    /// The registry's resource it was made for (a new one means the instance's identity
+    /// changed: the provider is made again).
+    made_for: Option<Arc<registry::Resource>>,
+    reader: SharedReader,
+    provider: SdkMeterProvider,
+}
+
+/// The export thread's state.
+struct Exporting {
+    spans: SpanExporter,
+    metrics: MetricExporter,
+    /// By registry scope ([`registry::AGENT`]: the agent's own series).
+    meters: BTreeMap<Scope, Meters>,
+    registry: Arc<Mutex<Registry>>,
+    defs: Vec<&'static MetricDef>,
+    agent: Resource,
+    shared: Vec<KeyValue>,
+}
+
+impl Exporting {
+    fn run(&mut self, runner: &Runner, rx: &Receiver<Message>) {
+        let mut batch: Vec<(Arc<registry::Resource>, SpanData)> = Vec::new();
+        let mut oldest: Option<Instant> = None;
+        loop {
+            let wait = oldest.map_or(BATCH_DELAY, |t| BATCH_DELAY.saturating_sub(t.elapsed()));
+            match rx.recv_timeout(wait) {
+                Ok(Message::Spans(resource, spans)) => {
+                    oldest.get_or_insert_with(Instant::now);
+                    batch.extend(spans.iter().map(|s| (resource.clone(), span_data(s))));
+                    if batch.len() >= BATCH_SPANS {
+                        self.send_spans(runner, &mut batch);
+                        oldest = None;
+                    }
+                }
+                Ok(Message::Metrics) => self.send_metrics(runner),
+                Err(RecvTimeoutError::Timeout) => {
+                    self.send_spans(runner, &mut batch);
+                    oldest = None;
+                }
+                Ok(Message::Shutdown) | Err(RecvTimeoutError::Disconnected) => {
+                    self.send_spans(runner, &mut batch);
+                    self.send_metrics(runner);
+                    return;
+                }
+            }
         }
-        let resource = resource
-            .with_attributes(
-                options
-                    .resource
-                    .iter()
-                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-            )
-            .build();
-        spans.set_resource(&resource);
+    }
+
+    /// One export per resource in the batch.
+    fn send_spans(
+        &mut self,
+        runner: &Runner,
+        batch: &mut Vec<(Arc<registry::Resource>, SpanData)>,
+    ) {
+        let mut by_resource: BTreeMap<
+            *const registry::Resource,
+            (Arc<registry::Resource>, Vec<SpanData>),
+        > = BTreeMap::new();
+        for (resource, span) in batch.drain(..) {
+            by_resource
+                .entry(Arc::as_ptr(&resource))
+                .or_insert_with(|| (resource.clone(), Vec::new()))
+                .1
+                .push(span);
+        }
+        for (resource, spans) in by_resource.into_values() {
+            self.spans
+                .set_resource(&instance_resource(&self.shared, &resource));
+            let n = spans.len();
+            if let Err(e) = runner.run(self.spans.export(spans)) {
+                tracing::warn!("OTLP: exporting {n} spans failed: {e}");
+            }
+        }
+    }
+
+    fn send_metrics(&mut self, runner: &Runner) {
+        self.sync_meters();
+        for meters in self.meters.values() {
+            let mut rm = ResourceMetrics::default();
+            if let Err(e) = meters.reader.collect(&mut rm) {
+                tracing::warn!("OTLP: collecting metrics failed: {e}");
+                continue;
+            }
+            if rm.scope_metrics().all(|s| s.metrics().next().is_none()) {
+                continue;
+            }
+            if let Err(e) = runner.run(self.metrics.export(&rm)) {
+                tracing::warn!("OTLP: exporting metrics failed: {e}");
+            }
+        }
+    }
+
+    /// A meter provider per scope the registry has now (and the agent's), each under its
+    /// instance's current resource; those of ended instances go.
+    fn sync_meters(&mut self) {
+        let scopes = self.registry.lock().expect("registry lock").scopes();
+        self.meters
+            .retain(|scope, _| *scope == registry::AGENT || scopes.iter().any(|(s, _)| s == scope));
+        if !self.meters.contains_key(&registry::AGENT) {
+            let meters = self.meters_for(registry::AGENT, self.agent.clone(), None);
+            self.meters.insert(registry::AGENT, meters);
+        }
+        for (scope, resource) in scopes {
+            let current = self
+                .meters
+                .get(&scope)
+                .and_then(|m| m.made_for.as_ref())
+                .is_some_and(|made_for| Arc::ptr_eq(made_for, &resource));
+            if !current {
+                let sdk = instance_resource(&self.shared, &resource);
+                let meters = self.meters_for(scope, sdk, Some(resource));
+                if let Some(old) = self.meters.insert(scope, meters) {
+                    let _ = old.provider.shutdown();
+                }
+            }
+        }
+    }
+
+    fn meters_for(
+        &self,
+        scope: Scope,
+        resource: Resource,
+        made_for: Option<Arc<registry::Resource>>,
+    ) -> Meters {
         let reader = SharedReader(Arc::new(
             ManualReader::builder()
                 .with_temporality(Temporality::Cumulative)
@@ -183,23 +374,19 @@ impl Otlp {
             .with_resource(resource)
             .with_reader(reader.clone())
             .build();
-        register_instruments(&provider, registry, metrics);
-        let (queue, rx) = mpsc::sync_channel(QUEUE_TRACES);
-        let (done_tx, done) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("otlp-export".into())
-            .spawn(move || {
-                export_loop(&runner, &spans, &metric_exporter, &reader, &rx);
-                let _ = runner.run(async { spans.shutdown() });
-                let _ = provider.shutdown();
-                let _ = done_tx.send(());
-            })?;
-        Ok(Self {
-            queue,
-            thread: Some(thread),
-            dropped: Arc::new(AtomicU64::new(0)),
-            done: Some(done),
-        })
+        register_instruments(&provider, &self.registry, scope, &self.defs);
+        Meters {
+            made_for,
+            reader,
+            provider,
+        }
+    }
+
+    fn shutdown(&mut self, runner: &Runner) {
+        let _ = runner.run(async { self.spans.shutdown() });
+        for meters in self.meters.values() {
+            let _ = meters.provider.shutdown();
+        }
     }
 }
 
@@ -230,10 +417,12 @@ fn build_exporters(options: &OtlpOptions) -> anyhow::Result<(SpanExporter, Metri
     })
 }
 
-/// One observable instrument per metric; its callback reads the registry at collection.
+/// One observable instrument per metric; its callback reads the scope's series of it from
+/// the registry at collection.
 fn register_instruments(
     provider: &SdkMeterProvider,
-    registry: Arc<Mutex<Registry>>,
+    registry: &Arc<Mutex<Registry>>,
+    scope: Scope,
     metrics: &[&'static MetricDef],
 ) {
     let meter = provider.meter("infertrace");
@@ -243,19 +432,13 @@ fn register_instruments(
         let observe = move || -> Vec<(f64, Vec<KeyValue>)> {
             let registry = registry.lock().expect("registry lock");
             registry
-                .snapshot()
-                .into_iter()
-                .filter(|s| s.name == name)
-                .map(|s| {
-                    // The engine instance's identity rides on each point until each instance
-                    // exports under its own resource.
-                    let attrs = s
-                        .dimensions
-                        .into_iter()
-                        .chain(s.resource)
-                        .map(|(k, v)| KeyValue::new(k, v))
+                .series(name, scope)
+                .map(|(dimensions, value)| {
+                    let attrs = dimensions
+                        .iter()
+                        .map(|(k, v)| KeyValue::new(*k, v.clone()))
                         .collect();
-                    (s.value, attrs)
+                    (value, attrs)
                 })
                 .collect()
         };
@@ -296,59 +479,6 @@ fn otel_unit(spec_unit: &str) -> &'static str {
         "Seconds" => "s",
         "Ratio" => "1",
         _ => "",
-    }
-}
-
-fn export_loop(
-    runner: &Runner,
-    spans: &SpanExporter,
-    metrics: &MetricExporter,
-    reader: &SharedReader,
-    rx: &Receiver<Message>,
-) {
-    let mut batch: Vec<SpanData> = Vec::new();
-    let mut oldest: Option<Instant> = None;
-    let send_spans = |batch: &mut Vec<SpanData>| {
-        if batch.is_empty() {
-            return;
-        }
-        let n = batch.len();
-        if let Err(e) = runner.run(spans.export(std::mem::take(batch))) {
-            tracing::warn!("OTLP: exporting {n} spans failed: {e}");
-        }
-    };
-    let send_metrics = || {
-        let mut rm = ResourceMetrics::default();
-        if let Err(e) = reader.collect(&mut rm) {
-            tracing::warn!("OTLP: collecting metrics failed: {e}");
-            return;
-        }
-        if let Err(e) = runner.run(metrics.export(&rm)) {
-            tracing::warn!("OTLP: exporting metrics failed: {e}");
-        }
-    };
-    loop {
-        let wait = oldest.map_or(BATCH_DELAY, |t| BATCH_DELAY.saturating_sub(t.elapsed()));
-        match rx.recv_timeout(wait) {
-            Ok(Message::Spans(spans)) => {
-                oldest.get_or_insert_with(Instant::now);
-                batch.extend(spans.iter().map(span_data));
-                if batch.len() >= BATCH_SPANS {
-                    send_spans(&mut batch);
-                    oldest = None;
-                }
-            }
-            Ok(Message::Metrics) => send_metrics(),
-            Err(RecvTimeoutError::Timeout) => {
-                send_spans(&mut batch);
-                oldest = None;
-            }
-            Ok(Message::Shutdown) | Err(RecvTimeoutError::Disconnected) => {
-                send_spans(&mut batch);
-                send_metrics();
-                return;
-            }
-        }
     }
 }
 
@@ -441,8 +571,11 @@ pub fn span_data(span: &Span) -> SpanData {
 }
 
 impl Exporter for Otlp {
-    fn spans(&mut self, _resource: &registry::Resource, spans: &[Span]) {
-        match self.queue.try_send(Message::Spans(spans.to_vec())) {
+    fn spans(&mut self, resource: &Arc<registry::Resource>, spans: &[Span]) {
+        match self
+            .queue
+            .try_send(Message::Spans(resource.clone(), spans.to_vec()))
+        {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {

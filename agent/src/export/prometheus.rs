@@ -1,6 +1,8 @@
 //! A Prometheus scrape endpoint (`--prometheus ADDR`): `GET /metrics` returns every metric
 //! series of the registry in the text exposition format (0.0.4), names and labels exactly as
-//! the spec writes them.
+//! the spec writes them. An engine instance's series carry its `service_instance_id`; the rest
+//! of its resource (service name, container, pod, ...) is on its `target_info` series, as
+//! OpenTelemetry's Prometheus exporters do, so that series do not grow a label per attribute.
 //!
 //! Served from its own thread with blocking sockets: a scrape is one small request every few
 //! seconds, and this keeps it apart from the capture loop.
@@ -12,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use crate::telemetry::metrics::{Kind, Registry};
+use crate::telemetry::metrics::{Kind, Registry, SERVICE_INSTANCE_ID};
 
 /// Largest request head read; scrapers send a few hundred bytes.
 const MAX_REQUEST: usize = 16 << 10;
@@ -20,6 +22,18 @@ const MAX_REQUEST: usize = 16 << 10;
 /// The text exposition of every series.
 pub fn render(registry: &Registry) -> String {
     let mut out = String::new();
+    let scopes = registry.scopes();
+    if !scopes.is_empty() {
+        out.push_str("# HELP target_info Target metadata\n# TYPE target_info gauge\n");
+        for (_, resource) in &scopes {
+            out.push_str("target_info");
+            labels(
+                &mut out,
+                resource.iter().map(|(k, v)| (k.replace('.', "_"), v)),
+            );
+            out.push_str(" 1\n");
+        }
+    }
     let mut current = "";
     for sample in registry.snapshot() {
         if sample.name != current {
@@ -34,27 +48,28 @@ pub fn render(registry: &Registry) -> String {
             }
         }
         out.push_str(sample.name);
-        // The engine instance's identity first (`service.instance.id` as
-        // `service_instance_id`, as OpenTelemetry's Prometheus exporters name resource labels).
-        let resource = sample
+        let instance = sample
             .resource
-            .iter()
+            .get_key_value(SERVICE_INSTANCE_ID)
             .map(|(k, v)| (k.replace('.', "_"), v));
         let dimensions = sample.dimensions.iter().map(|(k, v)| (k.to_string(), v));
-        let labels: Vec<(String, &String)> = resource.chain(dimensions).collect();
-        if !labels.is_empty() {
-            out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                let _ = write!(out, "{k}=\"{}\"", escape_label(v));
-            }
-            out.push('}');
-        }
+        labels(&mut out, instance.into_iter().chain(dimensions));
         let _ = writeln!(out, " {}", sample.value);
     }
     out
+}
+
+/// `{k="v",...}`, nothing when there are none.
+fn labels<'a>(out: &mut String, pairs: impl Iterator<Item = (String, &'a String)>) {
+    let mut first = true;
+    for (k, v) in pairs {
+        out.push(if first { '{' } else { ',' });
+        first = false;
+        let _ = write!(out, "{k}=\"{}\"", escape_label(v));
+    }
+    if !first {
+        out.push('}');
+    }
 }
 
 fn escape_label(v: &str) -> String {
@@ -160,5 +175,34 @@ mod tests {
         assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
         assert!(ok.ends_with("model_name=\"a\\\"b\"} 2\n"), "{ok}");
         assert!(get("/other").starts_with("HTTP/1.1 404"));
+    }
+
+    #[test]
+    fn an_instances_series_carry_its_id_and_its_target_info_the_rest() {
+        let mut r = Registry::default();
+        let resource: crate::telemetry::metrics::Resource = [
+            ("service.instance.id", "node:42"),
+            ("k8s.pod.name", "chat-0"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let scope = r.add_scope(resource);
+        r.in_scope(scope, |r| {
+            r.add(&C, vec![("model_name", "tiny".into())], 1.0)
+        });
+        let text = render(&r);
+        assert!(
+            text.contains(
+                "target_info{k8s_pod_name=\"chat-0\",service_instance_id=\"node:42\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "gen_ai_vllm_request_success{service_instance_id=\"node:42\",model_name=\"tiny\"} 1\n"
+            ),
+            "{text}"
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! A scope is whose a series is: the agent's own (capture, CUDA, Python) or one engine
 //! instance's, whose identity attributes every one of its series carries, so that two engines
 //! of one kind (two vLLM servers with the same model) never add up into one series.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Kind {
@@ -60,8 +60,8 @@ pub struct Sample {
     pub kind: Kind,
     /// The identity of the engine instance the series belongs to (`service.instance.id`, ...);
     /// empty for the agent's own series.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub resource: Resource,
+    #[serde(skip_serializing_if = "resource_is_empty")]
+    pub resource: Arc<Resource>,
     pub dimensions: BTreeMap<&'static str, String>,
     pub value: f64,
 }
@@ -73,8 +73,13 @@ const MAX_SERIES: usize = 10_000;
 /// The resource attribute that tells engine instances apart (OpenTelemetry's).
 pub const SERVICE_INSTANCE_ID: &str = "service.instance.id";
 
-/// An engine instance's identity attributes (`service.instance.id`, ...), by key.
-pub type Resource = BTreeMap<&'static str, String>;
+/// An engine instance's identity: OpenTelemetry resource attributes (`service.instance.id`,
+/// `container.id`, `k8s.pod.name`, ...), by key.
+pub type Resource = BTreeMap<String, String>;
+
+fn resource_is_empty(resource: &Arc<Resource>) -> bool {
+    resource.is_empty()
+}
 
 /// Whose a series is: [`AGENT`], or an engine instance's scope from [`Registry::add_scope`].
 pub type Scope = u32;
@@ -86,7 +91,7 @@ pub struct Registry {
     defs: BTreeMap<&'static str, MetricDef>,
     series: BTreeMap<(&'static str, Scope, Dimensions), f64>,
     /// Each engine instance's identity attributes, by scope.
-    scopes: BTreeMap<Scope, Resource>,
+    scopes: BTreeMap<Scope, Arc<Resource>>,
     /// The last scope handed out (never reused: an ended instance's number stays its own).
     last_scope: Scope,
     /// The scope that series written now belong to.
@@ -99,8 +104,15 @@ impl Registry {
     /// A new scope for an engine instance, whose series carry `attributes`.
     pub fn add_scope(&mut self, attributes: Resource) -> Scope {
         self.last_scope += 1;
-        self.scopes.insert(self.last_scope, attributes);
+        self.scopes.insert(self.last_scope, Arc::new(attributes));
         self.last_scope
+    }
+
+    /// What an engine instance is known as changed (node mode: its pod became known).
+    pub fn set_resource(&mut self, scope: Scope, attributes: Resource) {
+        if let Some(resource) = self.scopes.get_mut(&scope) {
+            *resource = Arc::new(attributes);
+        }
     }
 
     /// An engine instance ended: its scope and series go (a server that is gone has no
@@ -176,6 +188,23 @@ impl Registry {
             .collect()
     }
 
+    /// The engine instances' scopes and their resources.
+    pub fn scopes(&self) -> Vec<(Scope, Arc<Resource>)> {
+        self.scopes.iter().map(|(s, r)| (*s, r.clone())).collect()
+    }
+
+    /// The series of one metric in one scope: dimensions and value.
+    pub fn series(
+        &self,
+        name: &'static str,
+        scope: Scope,
+    ) -> impl Iterator<Item = (&Dimensions, f64)> {
+        self.series
+            .range((name, scope, Vec::new())..)
+            .take_while(move |((n, s, _), _)| *n == name && *s == scope)
+            .map(|((_, _, dims), value)| (dims, *value))
+    }
+
     /// The value of one series (tests and the console).
     pub fn value(&self, name: &str, dims: &[(&str, &str)]) -> Option<f64> {
         self.series
@@ -245,8 +274,8 @@ mod tests {
     #[test]
     fn each_scope_keeps_its_own_series_and_carries_its_identity() {
         let mut r = Registry::default();
-        let one = r.add_scope([("service.instance.id", "host:1".into())].into());
-        let two = r.add_scope([("service.instance.id", "host:2".into())].into());
+        let one = r.add_scope([("service.instance.id".into(), "host:1".into())].into());
+        let two = r.add_scope([("service.instance.id".into(), "host:2".into())].into());
         r.in_scope(one, |r| r.add(&C, vec![("a", "1".into())], 2.0));
         r.in_scope(two, |r| r.add(&C, vec![("a", "1".into())], 3.0));
         r.set(&G, vec![], 1.0);
@@ -263,6 +292,13 @@ mod tests {
             "the agent's own series has no identity"
         );
         assert_eq!(r.total("c"), 5.0);
+        assert_eq!(r.series("c", one).collect::<Vec<_>>().len(), 1);
+        r.remove_scope(one);
+        assert_eq!(r.series("c", one).count(), 0);
+        assert_eq!(r.total("c"), 3.0);
+        assert_eq!(r.scopes().len(), 1);
+        // A later scope never takes an ended one's number.
+        assert!(r.add_scope(Resource::new()) > two);
     }
 
     #[test]

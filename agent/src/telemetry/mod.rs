@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod metrics;
 pub mod profile;
 pub mod python_samples;
+pub mod resource;
 pub mod span;
 
 pub use clock::Clock;

@@ -7,6 +7,8 @@
 #        TRACE=1: SGLang's own tracing (--enable-trace) to the OTLP gRPC endpoint $OTLP
 #        (default 127.0.0.1:24317; start otlp_receiver.py there first), SGLANG_TRACE_LEVEL (3)
 #        FOREGROUND=1: exec in the foreground instead of background + wait
+#        WRAPPER: a command the server is started under (e.g. "in-pod.sh CGROUP_DIR", as a pod's
+#        container); the pid file then holds the main process's own pid (the wrapper's child)
 # The main process (uvicorn + TokenizerManager) pid goes to $SGLANG_HOME/logs/sglang-$PORT.pid, its log
 # next to it; its children are `sglang::scheduler` and `sglang::detokenizer`. SIGTERM to the main
 # process tears the children down.
@@ -41,10 +43,12 @@ ARGS=(-m sglang.launch_server --model-path "$D/tiny-llama" --served-model-name t
 if [ "${FOREGROUND:-0}" = 1 ]; then exec venv/bin/python "${ARGS[@]}"; fi
 LOG="$D/logs/sglang-$PORT.log"
 t0=$(date +%s)
-nohup venv/bin/python "${ARGS[@]}" > "$LOG" 2>&1 &
+# shellcheck disable=SC2086 # WRAPPER is a command and its arguments
+nohup ${WRAPPER:-} venv/bin/python "${ARGS[@]}" > "$LOG" 2>&1 &
 PID=$!; echo $PID > "$D/logs/sglang-$PORT.pid"
 for _ in $(seq 1 "$WAIT_S"); do
   if curl -sf -m 5 "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
+    if [ -n "${WRAPPER:-}" ]; then PID=$(pgrep -P "$PID" | head -1); echo "$PID" > "$D/logs/sglang-$PORT.pid"; fi
     echo "sglang up: pid=$PID port=$PORT startup=$(( $(date +%s) - t0 ))s log=$LOG"
     KIDS=$(pgrep -P "$PID" | paste -sd, || true)
     ps -o pid,ppid,rss,nlwp,args -p "$PID${KIDS:+,$KIDS}" | cut -c1-120

@@ -6,6 +6,8 @@
 #        128 tokens; at least ceil(MAX_MODEL_LEN/128)+1 blocks). KV_GIB is whole GiB (VLLM_CPU_KVCACHE_SPACE, an int:
 #        1 GiB = 524,288 tokens of the tiny model); KV_GIB= (empty) leaves it unset, e.g. for --kv-cache-memory-bytes.
 #        A small KV cache (e.g. KV_BLOCKS=20 with 4 concurrent requests of ~600 tokens) forces preemption.
+#        WRAPPER: a command the server is started under (e.g. "in-pod.sh CGROUP_DIR", as a pod's
+#        container); the pid file then holds the server's own pid (the wrapper's child).
 set -euo pipefail
 D=${VLLM_HOME:-/var/tmp/infertrace-vllm}; PORT=${PORT:-8000}; KV_GIB=${KV_GIB-1}; WAIT_S=${WAIT_S:-300}
 cd "$D"; mkdir -p logs
@@ -31,10 +33,12 @@ ARGS=(serve "$D/tiny-llama" --served-model-name tiny --load-format dummy --dtype
 if [ "${FOREGROUND:-0}" = 1 ]; then exec venv/bin/vllm "${ARGS[@]}"; fi
 LOG="$D/logs/vllm-$PORT.log"
 t0=$(date +%s.%N)
-nohup venv/bin/vllm "${ARGS[@]}" > "$LOG" 2>&1 &
+# shellcheck disable=SC2086 # WRAPPER is a command and its arguments
+nohup ${WRAPPER:-} venv/bin/vllm "${ARGS[@]}" > "$LOG" 2>&1 &
 PID=$!; echo $PID > "$D/logs/vllm-$PORT.pid"
 for _ in $(seq 1 "$WAIT_S"); do
   if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
+    if [ -n "${WRAPPER:-}" ]; then PID=$(pgrep -P "$PID" | head -1); echo "$PID" > "$D/logs/vllm-$PORT.pid"; fi
     echo "vllm up: pid=$PID port=$PORT startup=$(( $(date +%s) - ${t0%.*} ))s log=$LOG"
     EC=$(pgrep -P "$PID" -f EngineCore || true); W=$( [ -n "$EC" ] && pgrep -P "$EC" || true)
     echo "api_server=$PID engine_core=${EC:-?} worker=${W:-?}"; ps -o pid,ppid,rss,nlwp,comm -p "$PID${EC:+,$EC}${W:+,$W}"
