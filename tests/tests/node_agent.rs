@@ -96,15 +96,15 @@ fn send_requests(port: u16) {
     }
 }
 
-/// Per engine instance (`service.instance.id`), its resource and how many spans named `name`
-/// it has in the JSONL `ours`.
+/// Per engine instance (`service.instance.id`), its resource and how many spans whose name
+/// begins with `name` it has in the JSONL `ours`.
 fn spans_by_instance(ours: &Path, name: &str) -> BTreeMap<String, (Value, usize)> {
     let mut by: BTreeMap<String, (Value, usize)> = BTreeMap::new();
     for line in std::fs::read_to_string(ours).unwrap_or_default().lines() {
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             continue;
         };
-        if v["type"] != "span" || v["name"] != name {
+        if v["type"] != "span" || !v["name"].as_str().is_some_and(|n| n.starts_with(name)) {
             continue;
         }
         let id = v["resource"]["service.instance.id"]
@@ -212,7 +212,8 @@ fn run_traces_each_server_from_its_start_under_its_container_through_a_restart()
     }
 
     let vllm = spans_by_instance(&ours, "llm_request");
-    let sglang_spans = spans_by_instance(&ours, "Req");
+    // SGLang's request spans are named ` Req <rid>`, as SGLang names them.
+    let sglang_spans = spans_by_instance(&ours, " Req ");
     let servers = [
         (&vllm, &vllm_pid, &vllm_first, vllm_first_finished, "vllm"),
         (
