@@ -14,6 +14,7 @@ use infertrace::{
     capture::{cuda_watch::CudaOptions, kernel::KernelOptions, python_watch::PythonOptions},
     discover::{
         engine::{self, Target},
+        kubernetes::PodWatch,
         servers::Finder,
     },
     doctor, engines,
@@ -25,7 +26,7 @@ use infertrace::{
         prometheus,
     },
     pipeline::{Pipeline, PipelineOptions},
-    session::{self, LiveOptions},
+    session::{self, LiveOptions, Node},
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
         metrics::{MetricDef, Registry},
@@ -53,7 +54,7 @@ enum Command {
     Attach(CaptureArgs),
     /// Node agent: trace every vLLM and SGLang server on this host, those running and each
     /// one that starts, until stopped (needs root).
-    Run(TraceArgs),
+    Run(NodeArgs),
     /// Like attach, but write the raw event stream to a file for `replay` (needs root).
     Record {
         #[command(flatten)]
@@ -95,6 +96,18 @@ struct CaptureArgs {
     /// with `infertrace discover`. Repeatable.
     #[arg(short, long = "pid", required = true)]
     pids: Vec<u32>,
+    #[command(flatten)]
+    trace: TraceArgs,
+}
+
+#[derive(Args, Clone)]
+struct NodeArgs {
+    /// This node's name in Kubernetes: each server's spans and metrics then carry its pod's
+    /// identity (k8s.namespace.name, k8s.pod.name, ...), from a watch of the pods scheduled on
+    /// it (pods get/list/watch; the client is configured in-cluster, else by KUBECONFIG).
+    /// A DaemonSet sets NODE_NAME from the downward API.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    kubernetes_node: Option<String>,
     #[command(flatten)]
     trace: TraceArgs,
 }
@@ -445,7 +458,18 @@ fn attach_targets(pids: &[u32]) -> Vec<Target> {
 }
 
 /// `run`: every server on the host, those running now and each that starts.
-fn node(args: &TraceArgs) -> anyhow::Result<()> {
+fn node(args: &NodeArgs) -> anyhow::Result<()> {
+    let pods = match &args.kubernetes_node {
+        Some(name) => match PodWatch::start(name) {
+            Ok(watch) => Some(watch),
+            // Tracing matters more than naming pods: say why, and trace.
+            Err(e) => {
+                tracing::warn!("{e:#}; servers are traced without their pod identity");
+                None
+            }
+        },
+        None => None,
+    };
     let mut finder = Finder::default();
     let targets = finder.scan();
     if targets.is_empty() {
@@ -454,18 +478,18 @@ fn node(args: &TraceArgs) -> anyhow::Result<()> {
     for target in &targets {
         tracing::info!("tracing {}", session::describe(target));
     }
-    live(args, targets, None, Some(finder)).map(|_| ())
+    live(&args.trace, targets, None, Some(Node { finder, pods })).map(|_| ())
 }
 
 fn live(
     args: &TraceArgs,
     targets: Vec<Target>,
     record: Option<PathBuf>,
-    finder: Option<Finder>,
+    node: Option<Node>,
 ) -> anyhow::Result<Pipeline> {
     let mut options = args.options()?;
     options.targets = targets;
-    options.kernel.announce_execs = finder.is_some();
+    options.kernel.announce_execs = node.is_some();
     let clock = Clock::fixed(session::realtime_minus_monotonic_ns());
     let console = args.output.messages.then(|| Console::new(clock.latest()));
     let mut pipeline = args.output.pipeline(
@@ -479,7 +503,7 @@ fn live(
     let summary = runtime.block_on(session::run_live(
         &options,
         record.as_deref(),
-        finder,
+        node,
         |batch, so_far| {
             if let Some(console) = &console {
                 // One write per batch: a busy engine produces thousands of lines a second.

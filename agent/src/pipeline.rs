@@ -9,7 +9,7 @@ use std::{
 use crate::{
     capture::KernelCounters,
     decode::flows::{Decoded, FlowStats},
-    discover::engine::Target,
+    discover::{engine::Target, kubernetes::PodIdentity},
     engines::{
         self,
         common::{gpu::GpuTimeline, handoff::HandoffStats, instance::InstanceCore},
@@ -52,6 +52,8 @@ pub struct PipelineStats {
 
 /// One engine instance, its metrics scope and its identity.
 struct Slot {
+    /// The server, as discovery (and Kubernetes) know it.
+    target: Target,
     instance: Box<dyn EngineInstance>,
     scope: Scope,
     resource: Arc<Resource>,
@@ -132,6 +134,7 @@ impl Pipeline {
         self.instances.insert(
             number,
             Slot {
+                target: target.clone(),
                 instance: kind.instance(InstanceCore::new(
                     target,
                     &self.span_options,
@@ -214,6 +217,10 @@ impl Pipeline {
                     self.add(target);
                     continue;
                 }
+                Decoded::Pod { pid, pod } => {
+                    self.pod_known(*pid, pod);
+                    continue;
+                }
                 Decoded::Exited { tgid, .. } => {
                     self.deliver(&mut routed);
                     match self.owners.root(*tgid) {
@@ -231,6 +238,24 @@ impl Pipeline {
             }
         }
         self.deliver(&mut routed);
+    }
+
+    /// Kubernetes told the pod of server `pid`: its instance's resource says so from now on.
+    fn pod_known(&mut self, pid: u32, pod: &PodIdentity) {
+        let Some(slot) = self
+            .owners
+            .root(pid)
+            .and_then(|i| self.instances.get_mut(&i))
+        else {
+            return;
+        };
+        slot.target.pod = Some(pod.clone());
+        let identity = resource::of_server(&self.host, &slot.target);
+        slot.resource = Arc::new(identity.clone());
+        self.registry
+            .lock()
+            .expect("registry lock")
+            .set_resource(slot.scope, identity);
     }
 
     /// Hand each instance the messages routed to it so far.

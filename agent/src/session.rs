@@ -22,7 +22,13 @@ use crate::{
         recording::{Header, Reader, Writer},
     },
     decode::flows::{Decoded, FlowStats, FlowTable},
-    discover::{engine::Target, procfs, servers::Finder, system},
+    discover::{
+        engine::Target,
+        kubernetes::{PodIdentity, PodWatch},
+        procfs,
+        servers::Finder,
+        system,
+    },
     pipeline::Pipeline,
 };
 
@@ -187,13 +193,14 @@ impl AsRawFd for RingFd {
 /// that an output can write a batch at once; an empty batch on wake-ups that decoded nothing,
 /// so that the sink can act on time passing), with the session's counters so far; with
 /// `record`, every event is
-/// also written to that file. With a `finder` (node mode), servers that start are traced too,
-/// each from its exec. Returns when the duration elapses, on SIGINT/SIGTERM, or (without a
-/// finder) when all attached processes have exited; pending data is flushed first.
+/// also written to that file. In `node` mode, servers that start are traced too, each from
+/// its exec, and their pods named as Kubernetes tells them. Returns when the duration elapses,
+/// on SIGINT/SIGTERM, or (not in node mode) when all attached processes have exited; pending
+/// data is flushed first.
 pub async fn run_live(
     options: &LiveOptions,
     record: Option<&Path>,
-    mut finder: Option<Finder>,
+    mut node: Option<Node>,
     mut sink: impl FnMut(&[Decoded], &Summary),
 ) -> anyhow::Result<Summary> {
     let pids: Vec<u32> = options.targets.iter().map(|t| t.pid).collect();
@@ -277,14 +284,14 @@ pub async fn run_live(
                     w.write(&event).context("writing the recording")?;
                 }
                 summary.count(&event);
-                if let Some(finder) = finder.as_mut() {
-                    started.extend(servers_started(finder, &event));
+                if let Some(node) = node.as_mut() {
+                    started.extend(servers_started(&mut node.finder, &event));
                 }
                 batch.extend(flows.handle(&event));
             }
             // Their records come from the next poll on, after the events that announce them.
             for target in started {
-                events.extend(follow(&mut live, target));
+                events.extend(follow(&mut live, node.as_ref(), target));
             }
             // Flows complete in drain order; show each batch's messages in time order.
             batch.sort_by_key(Decoded::start_ns);
@@ -295,15 +302,16 @@ pub async fn run_live(
                 break;
             }
         }
-        if let Some(finder) = finder.as_mut()
-            && scanned.elapsed() >= RESCAN
-        {
-            scanned = Instant::now();
-            for target in finder.scan() {
-                events.extend(follow(&mut live, target));
+        if let Some(node) = node.as_mut() {
+            events.extend(node.pods_known());
+            if scanned.elapsed() >= RESCAN {
+                scanned = Instant::now();
+                for target in node.finder.scan() {
+                    events.extend(follow(&mut live, Some(node), target));
+                }
             }
         }
-        if finder.is_none() && !stop && checked_exit.elapsed() >= EXIT_CHECK {
+        if node.is_none() && !stop && checked_exit.elapsed() >= EXIT_CHECK {
             checked_exit = Instant::now();
             if pids.iter().all(|&pid| !procfs::is_running(pid)) {
                 tracing::info!("all attached processes have exited");
@@ -335,6 +343,46 @@ pub async fn run_live(
     Ok(summary)
 }
 
+/// Node mode's state: the servers found so far, and (in Kubernetes) the pods of this node.
+pub struct Node {
+    pub finder: Finder,
+    pub pods: Option<PodWatch>,
+}
+
+impl Node {
+    /// The pod of a server's container, when Kubernetes has told it.
+    fn pod_of(&self, target: &Target) -> Option<PodIdentity> {
+        let container = target.identity.container_id.as_deref()?;
+        self.pods.as_ref()?.pod_of(container)
+    }
+
+    /// The pods Kubernetes told since the last call, of the traced servers they hold.
+    fn pods_known(&self) -> Vec<CaptureEvent> {
+        let Some(pods) = &self.pods else {
+            return Vec::new();
+        };
+        let mut events = Vec::new();
+        for container in pods.take_changed() {
+            let Some(pod) = pods.pod_of(&container) else {
+                continue;
+            };
+            for pid in self.finder.servers_in(&container) {
+                tracing::info!(
+                    "server pid {pid} is container {} of pod {}/{}",
+                    pod.container_name,
+                    pod.namespace,
+                    pod.pod_name
+                );
+                events.push(CaptureEvent::Pod {
+                    pid,
+                    pod: Box::new(pod.clone()),
+                });
+            }
+        }
+        events
+    }
+}
+
 /// Node mode: the server an event says started (an untraced process's exec that is a
 /// server's), and the end of a traced one.
 fn servers_started(finder: &mut Finder, event: &CaptureEvent) -> Option<Target> {
@@ -350,9 +398,10 @@ fn servers_started(finder: &mut Finder, event: &CaptureEvent) -> Option<Target> 
     }
 }
 
-/// Trace a server that started: the event that starts its engine instance, then its
-/// processes'. A server that exits before it is tracked is left out.
-fn follow(live: &mut LiveCapture, target: Target) -> Vec<CaptureEvent> {
+/// Trace a server that started: the event that starts its engine instance (with its pod,
+/// when known), then its processes'. A server that exits before it is tracked is left out.
+fn follow(live: &mut LiveCapture, node: Option<&Node>, mut target: Target) -> Vec<CaptureEvent> {
+    target.pod = node.and_then(|n| n.pod_of(&target));
     match live.follow(target.pid) {
         Ok(processes) if !processes.is_empty() => {
             tracing::info!("tracing {}", describe(&target));
@@ -382,8 +431,10 @@ pub fn describe(target: &Target) -> String {
     if let Some(model) = &target.served_model {
         about.push(format!("model {model}"));
     }
-    if let Some(id) = &target.identity.container_id {
-        about.push(format!("container {}", &id[..12.min(id.len())]));
+    match (&target.pod, &target.identity.container_id) {
+        (Some(pod), _) => about.push(format!("pod {}/{}", pod.namespace, pod.pod_name)),
+        (None, Some(id)) => about.push(format!("container {}", &id[..12.min(id.len())])),
+        (None, None) => {}
     }
     if !about.is_empty() {
         text += &format!(" ({})", about.join(", "));

@@ -221,21 +221,29 @@ pub fn attach_with(pid: &str, ours: &Path, prom_port: u16, extra: &[&str]) -> Ag
 pub fn attach_to(pids: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> Agent {
     let mut command = vec!["attach"];
     command.extend(pids.iter().flat_map(|pid| ["--pid", pid]));
-    start_agent(&command, ours, prom_port, extra)
+    start_agent(&command, ours, prom_port, extra, &[])
 }
 
-/// `infertrace run` (the node agent), with the outputs of [`attach`].
-pub fn run_agent(ours: &Path, prom_port: u16, extra: &[&str]) -> Agent {
-    start_agent(&["run"], ours, prom_port, extra)
+/// `infertrace run` (the node agent) with `extra` arguments and `envs`, and the outputs of
+/// [`attach`].
+pub fn run_agent(ours: &Path, prom_port: u16, extra: &[&str], envs: &[(&str, &str)]) -> Agent {
+    start_agent(&["run"], ours, prom_port, extra, envs)
 }
 
 /// `infertrace COMMAND...` with the outputs of [`attach`]; returns once it is attached.
-fn start_agent(command: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> Agent {
+fn start_agent(
+    command: &[&str],
+    ours: &Path,
+    prom_port: u16,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Agent {
     // Why a request's SGLang loop view was left out, should a test fail on it.
     let log = std::env::var("INFERTRACE_LOG")
         .unwrap_or_else(|_| "info,infertrace::engines::sglang::scheduler_loop=debug".into());
     let mut child = Command::new(infertrace_bin())
         .env("INFERTRACE_LOG", log)
+        .envs(envs.iter().copied())
         .args(command)
         .args(["--metrics-interval", "1", "--output"])
         .arg(format!("jsonl:{}", ours.display()))

@@ -1,9 +1,14 @@
 //! The node agent: `infertrace run` started before any engine, then a real vLLM and a real
 //! SGLang, each run as a pod's container runs (xtask/scripts/engines/in-pod.sh: its own PID and
-//! mount namespaces, in a cgroup named as kubelet names a container's). Each server is traced
-//! from its start, under its own resource (its container from its cgroup, its pid); vLLM is
-//! then restarted in a new container, and the new server's requests are traced while SGLang's
-//! are untouched: every request an engine finished is traced once, none twice.
+//! mount namespaces, in a cgroup named as kubelet names a container's). The agent's real
+//! Kubernetes client talks to a stand-in API server on loopback
+//! (tests/fixtures/fake_kube_apiserver.py: the list and watch of Pods, with those containers'
+//! ids; no Kubernetes runs here). Each server is traced from its start, under its own resource
+//! (its container from its cgroup, its pid, its pod from the watch). Then the API server goes
+//! down, vLLM restarts in a new container whose pod the API server does not know yet, and
+//! requests go on; the API server comes back with the new pod. Every request an engine
+//! finished is traced once, none twice, through all of it, and each server's spans end up
+//! carrying its pod.
 //!
 //! Needs root (eBPF, cgroups, namespaces) and both engines (installed on first use).
 use std::{
@@ -13,23 +18,27 @@ use std::{
 };
 
 use infertrace_tests::{
+    Script, fixture,
     live::{
-        self, Cleanup, EngineKind, free_port, get, post, run_agent, script, stop, temp_dir,
+        self, Agent, Cleanup, EngineKind, free_port, get, post, run_agent, script, stop, temp_dir,
         wait_until_idle,
     },
+    python,
     vllm_truth::prom,
     wait_for,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const VLLM_PORT: u16 = 18481;
 const SGLANG_PORT: u16 = 18483;
 const REQUESTS: usize = 6;
+const NODE: &str = "gpu-node-7";
 
 /// A pod's container as kubelet places it (containerd, systemd cgroup driver).
 struct Container {
     id: String,
     cgroup: PathBuf,
+    pod_uid: String,
 }
 
 impl Container {
@@ -47,7 +56,31 @@ impl Container {
             .join("kubepods.slice/kubepods-besteffort.slice")
             .join(format!("kubepods-besteffort-pod{pod}.slice"))
             .join(format!("cri-containerd-{id}.scope"));
-        Self { id, cgroup }
+        Self {
+            id,
+            cgroup,
+            pod_uid: pod_uid.to_owned(),
+        }
+    }
+
+    /// Its Pod object as the API server has it, named `name` in namespace `llm` with container
+    /// `container`, owned by `owner` (kind, name).
+    fn pod(&self, name: &str, container: &str, owner: (&str, &str), labels: Value) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "namespace": "llm", "uid": self.pod_uid,
+                "resourceVersion": "1", "labels": labels,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner.0, "name": owner.1,
+                                     "uid": "owner-uid", "controller": true}]
+            },
+            "spec": {"nodeName": NODE, "containers": [{"name": container, "image": "engine"}]},
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [{"name": container, "ready": true,
+                                       "containerID": format!("containerd://{}", self.id)}]
+            }
+        })
     }
 
     /// The engine scripts' WRAPPER that starts a server in this container.
@@ -96,8 +129,42 @@ fn send_requests(port: u16) {
     }
 }
 
-/// Per engine instance (`service.instance.id`), its resource and how many spans whose name
-/// begins with `name` it has in the JSONL `ours`.
+/// The stand-in API server on `port`, serving the pods written to `pods`.
+fn api_server(port: u16, pods: &Path, requests: &Path) -> Script {
+    let mut command = std::process::Command::new(python());
+    command
+        .arg(fixture("fake_kube_apiserver.py"))
+        .arg(port.to_string())
+        .arg(pods)
+        .arg(requests);
+    let mut server = Script::spawn(command);
+    assert_eq!(server.read_line().trim(), "listening");
+    server
+}
+
+/// A kubeconfig for the API server on `port` (plain HTTP, no credentials).
+fn kubeconfig(dir: &Path, port: u16) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: \
+         http://127.0.0.1:{port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    \
+         user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+    );
+    std::fs::write(&path, text).expect("writing the kubeconfig");
+    path
+}
+
+/// Wait (at most a minute) until the agent's log says `text`.
+fn wait_for_log(agent: &Agent, text: &str) {
+    assert!(
+        wait_for(Duration::from_secs(60), || agent.log().contains(text)),
+        "the agent never said {text:?}:\n{}",
+        agent.log()
+    );
+}
+
+/// Per engine instance (`service.instance.id`), its last span's resource and how many spans
+/// whose name begins with `name` it has in the JSONL `ours`.
 fn spans_by_instance(ours: &Path, name: &str) -> BTreeMap<String, (Value, usize)> {
     let mut by: BTreeMap<String, (Value, usize)> = BTreeMap::new();
     for line in std::fs::read_to_string(ours).unwrap_or_default().lines() {
@@ -111,7 +178,9 @@ fn spans_by_instance(ours: &Path, name: &str) -> BTreeMap<String, (Value, usize)
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        by.entry(id).or_insert_with(|| (v["resource"].clone(), 0)).1 += 1;
+        let entry = by.entry(id).or_insert_with(|| (Value::Null, 0));
+        entry.0 = v["resource"].clone();
+        entry.1 += 1;
     }
     by
 }
@@ -130,13 +199,35 @@ fn finished(port: u16, counter: &str) -> usize {
 }
 
 #[test]
-fn run_traces_each_server_from_its_start_under_its_container_through_a_restart() {
+fn run_traces_each_server_from_its_start_under_its_pod_through_restarts() {
     let dir = temp_dir("node-agent");
     let ours = dir.join("ours.jsonl");
     let mut cleanup = Cleanup::default();
     let vllm_first = Container::new("5b1c7a2e-9d3f-4e8a-b6c1-0f2e3d4c5b6a", 'a');
-    let vllm_second = Container::new("5b1c7a2e-9d3f-4e8a-b6c1-0f2e3d4c5b6a", 'b');
+    let vllm_second = Container::new("6c2d8b3f-0e4a-4f9b-87d2-1a3f4e5d6c7b", 'b');
     let sglang = Container::new("0d9e8f7a-6b5c-4d3e-8f1a-2b3c4d5e6f70", 'c');
+    let deployment = |hash: &str| {
+        (
+            ("ReplicaSet", format!("vllm-{hash}")),
+            json!({"app": "vllm", "pod-template-hash": hash}),
+        )
+    };
+    let ((kind, rs), labels) = deployment("6d5f7c8b9");
+    let vllm_first_pod = vllm_first.pod("vllm-6d5f7c8b9-x2x4z", "vllm", (kind, &rs), labels);
+    let ((kind, rs), labels) = deployment("7e6a8d9c0");
+    let mut vllm_second_pod = vllm_second.pod("vllm-7e6a8d9c0-q8w7e", "vllm", (kind, &rs), labels);
+    // Created after the others: a later version, as the API server numbers changes.
+    vllm_second_pod["metadata"]["resourceVersion"] = json!("2");
+    let sglang_pod = sglang.pod("sglang-0", "sglang", ("StatefulSet", "sglang"), json!({}));
+    let pods = dir.join("pods.json");
+    let requests = dir.join("api-requests.log");
+    let write_pods = |list: &[&Value]| {
+        std::fs::write(&pods, serde_json::to_string(list).unwrap()).expect("writing the pods")
+    };
+    write_pods(&[&vllm_first_pod, &sglang_pod]);
+    let api_port = free_port();
+    let mut api = api_server(api_port, &pods, &requests);
+    let config = kubeconfig(&dir, api_port);
     // Nothing of either engine runs yet: the agent finds them as they start.
     for (kind, port) in [
         (EngineKind::Vllm, VLLM_PORT),
@@ -144,7 +235,12 @@ fn run_traces_each_server_from_its_start_under_its_container_through_a_restart()
     ] {
         cleanup.stop_engine(kind, port);
     }
-    let agent = run_agent(&ours, free_port(), &["--no-python-sampling"]);
+    let agent = run_agent(
+        &ours,
+        free_port(),
+        &["--no-python-sampling", "--kubernetes-node", NODE],
+        &[("KUBECONFIG", config.to_str().unwrap())],
+    );
     let vllm_pid = cleanup.fresh_engine(
         EngineKind::Vllm,
         VLLM_PORT,
@@ -158,19 +254,18 @@ fn run_traces_each_server_from_its_start_under_its_container_through_a_restart()
         &[("WRAPPER", &sglang.wrapper())],
     );
     for pid in [&vllm_pid, &sglang_pid] {
-        assert!(
-            agent.log().contains(&format!("server pid {pid}")),
-            "the agent found pid {pid} as it started:\n{}",
-            agent.log()
-        );
+        wait_for_log(&agent, &format!("server pid {pid}"));
     }
+    wait_for_log(&agent, "pod llm/vllm-6d5f7c8b9-x2x4z");
+    wait_for_log(&agent, "pod llm/sglang-0");
     send_requests(VLLM_PORT);
     send_requests(SGLANG_PORT);
     wait_until_idle(VLLM_PORT, &live::VLLM_BUSY);
     let vllm_first_finished = finished(VLLM_PORT, "vllm:request_success_total");
     assert_eq!(vllm_first_finished, REQUESTS);
 
-    // vLLM restarts in a new container; SGLang runs on.
+    // The API server goes down; vLLM restarts in a new pod, which it does not know yet.
+    drop(api);
     cleanup.fresh_engine(
         EngineKind::Vllm,
         VLLM_PORT,
@@ -186,12 +281,17 @@ fn run_traces_each_server_from_its_start_under_its_container_through_a_restart()
     .trim()
     .to_owned();
     assert_ne!(vllm_second_pid, vllm_pid);
-    assert!(
-        wait_for(Duration::from_secs(30), || agent
-            .log()
-            .contains(&format!("server pid {vllm_pid} exited"))),
-        "{}",
-        agent.log()
+    wait_for_log(&agent, &format!("server pid {vllm_pid} exited"));
+    wait_for_log(&agent, &format!("server pid {vllm_second_pid}"));
+    send_requests(VLLM_PORT);
+    send_requests(SGLANG_PORT);
+
+    // It comes back, with the new pod; the new server's identity follows.
+    write_pods(&[&vllm_second_pod, &sglang_pod]);
+    api = api_server(api_port, &pods, &requests);
+    wait_for_log(
+        &agent,
+        &format!("server pid {vllm_second_pid} is container vllm of pod llm/vllm-7e6a8d9c0-q8w7e"),
     );
     send_requests(VLLM_PORT);
     send_requests(SGLANG_PORT);
@@ -201,50 +301,79 @@ fn run_traces_each_server_from_its_start_under_its_container_through_a_restart()
     let sglang_finished = finished(SGLANG_PORT, "sglang:num_requests_total");
     assert_eq!(
         (vllm_second_finished, sglang_finished),
-        (REQUESTS, 2 * REQUESTS)
+        (2 * REQUESTS, 3 * REQUESTS)
     );
     // Every finished request has been reported once the agent's count stops moving.
     live::wait_until_settled(&agent);
     let stderr = stop(agent);
+    drop(api);
     drop(cleanup);
     for container in [&vllm_first, &vllm_second, &sglang] {
         container.remove();
     }
 
+    // The agent asked for this node's pods only.
+    let asked = std::fs::read_to_string(&requests).expect("the API server's log");
+    assert!(!asked.is_empty());
+    for line in asked.lines() {
+        assert!(
+            line.starts_with("/api/v1/pods?")
+                && line.contains(&format!("fieldSelector=spec.nodeName%3D{NODE}")),
+            "{line}"
+        );
+    }
     let vllm = spans_by_instance(&ours, "llm_request");
     // SGLang's request spans are named ` Req <rid>`, as SGLang names them.
     let sglang_spans = spans_by_instance(&ours, " Req ");
     let servers = [
-        (&vllm, &vllm_pid, &vllm_first, vllm_first_finished, "vllm"),
+        (
+            &vllm,
+            &vllm_pid,
+            &vllm_first,
+            vllm_first_finished,
+            "vllm-6d5f7c8b9-x2x4z",
+        ),
         (
             &vllm,
             &vllm_second_pid,
             &vllm_second,
             vllm_second_finished,
-            "vllm",
+            "vllm-7e6a8d9c0-q8w7e",
         ),
         (
             &sglang_spans,
             &sglang_pid,
             &sglang,
             sglang_finished,
-            "sglang",
+            "sglang-0",
         ),
     ];
-    for (spans, pid, container, finished, engine) in servers {
+    for (spans, pid, container, finished, pod) in servers {
         let (resource, traced) = instance(spans, pid);
         assert_eq!(
             traced, finished,
-            "{engine} pid {pid}: requests traced vs finished\n{stderr}"
+            "pid {pid}: requests traced vs finished\n{stderr}"
         );
-        assert_eq!(
-            resource["container.id"],
-            container.id.as_str(),
-            "{resource}"
-        );
-        assert_eq!(resource["process.pid"], pid.as_str(), "{resource}");
-        assert_eq!(resource["service.name"], "tiny", "{resource}");
+        let expected = [
+            ("container.id", container.id.as_str()),
+            ("process.pid", pid.as_str()),
+            ("service.name", "tiny"),
+            ("k8s.pod.name", pod),
+            ("k8s.pod.uid", container.pod_uid.as_str()),
+            ("k8s.namespace.name", "llm"),
+            ("k8s.node.name", NODE),
+        ];
+        for (key, value) in expected {
+            assert_eq!(resource[key], value, "{key} of pid {pid}: {resource}");
+        }
     }
+    assert_eq!(instance(&vllm, &vllm_pid).0["k8s.deployment.name"], "vllm");
+    assert_eq!(instance(&vllm, &vllm_pid).0["k8s.container.name"], "vllm");
+    assert_eq!(
+        instance(&sglang_spans, &sglang_pid).0["k8s.deployment.name"],
+        Value::Null,
+        "a StatefulSet's pod has no Deployment"
+    );
     assert_eq!(
         vllm.len(),
         2,

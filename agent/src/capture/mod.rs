@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 pub use kernel::KernelCounters;
 pub use records::Record;
 
-use crate::discover::{engine::Target, python::CodeName, sockets::FdKind};
+use crate::discover::{engine::Target, kubernetes::PodIdentity, python::CodeName, sockets::FdKind};
 
 /// A process the agent traces.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +38,8 @@ pub enum CaptureEvent {
     /// A server joined the traced set while the session ran (node mode): its engine instance
     /// starts here. Comes before the Process events of its processes.
     Target(Box<Target>),
+    /// Kubernetes told which pod a traced server's container belongs to (node mode).
+    Pod { pid: u32, pod: Box<PodIdentity> },
     /// What a (process, fd) is, decided from /proc when the kernel first reported the fd.
     Fd { tgid: u32, fd: u32, kind: FdKind },
     /// The kernel's loss counters, read after a drain.

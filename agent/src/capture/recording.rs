@@ -11,7 +11,7 @@ use thiserror::Error;
 
 use super::{CaptureEvent, KernelCounters, ProcessInfo, records};
 use crate::{
-    discover::{engine::Target, python::CodeName, sockets::FdKind},
+    discover::{engine::Target, kubernetes::PodIdentity, python::CodeName, sockets::FdKind},
     engines::Engine,
 };
 
@@ -77,6 +77,10 @@ impl Header {
 pub enum MetaEvent {
     Process(ProcessInfo),
     Target(Box<Target>),
+    Pod {
+        pid: u32,
+        pod: Box<PodIdentity>,
+    },
     Fd {
         tgid: u32,
         fd: u32,
@@ -128,6 +132,10 @@ impl<W: Write> Writer<W> {
             }
             CaptureEvent::Process(p) => MetaEvent::Process(p.clone()),
             CaptureEvent::Target(t) => MetaEvent::Target(t.clone()),
+            CaptureEvent::Pod { pid, pod } => MetaEvent::Pod {
+                pid: *pid,
+                pod: pod.clone(),
+            },
             CaptureEvent::Fd { tgid, fd, kind } => MetaEvent::Fd {
                 tgid: *tgid,
                 fd: *fd,
@@ -244,6 +252,7 @@ fn decode_frame(tag: u8, body: &[u8]) -> Result<CaptureEvent, String> {
             Ok(match meta {
                 MetaEvent::Process(p) => CaptureEvent::Process(p),
                 MetaEvent::Target(t) => CaptureEvent::Target(t),
+                MetaEvent::Pod { pid, pod } => CaptureEvent::Pod { pid, pod },
                 MetaEvent::Fd { tgid, fd, kind } => CaptureEvent::Fd { tgid, fd, kind },
                 MetaEvent::Counters(c) => CaptureEvent::Counters(c),
                 MetaEvent::Tick => CaptureEvent::Tick,

@@ -17,7 +17,7 @@ use super::{
     zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
 };
 use crate::capture::{CaptureEvent, ProcessInfo, Record};
-use crate::discover::{engine::Target, sockets::FdKind};
+use crate::discover::{engine::Target, kubernetes::PodIdentity, sockets::FdKind};
 
 /// Ticks an out-of-order syscall may wait for the ones before it before they count as lost.
 const REORDER_TICKS: u32 = 2;
@@ -50,6 +50,8 @@ pub enum Decoded {
     Process(ProcessInfo),
     /// A server joined the traced set (node mode): the pipeline starts its engine instance.
     Traced(Box<Target>),
+    /// Kubernetes told the pod of server `pid` (node mode).
+    Pod { pid: u32, pod: Box<PodIdentity> },
     /// A traced process exited (its last thread did): the pipeline ends the instance whose
     /// server it was, and forgets it otherwise.
     Exited { tgid: u32, ns: u64 },
@@ -156,6 +158,7 @@ impl Decoded {
             self,
             Decoded::Process(_)
                 | Decoded::Traced(_)
+                | Decoded::Pod { .. }
                 | Decoded::Exited { .. }
                 | Decoded::LoopWait(_)
                 | Decoded::MailboxPoll(_)
@@ -176,6 +179,7 @@ impl Decoded {
             Decoded::MailboxPoll(p) => Some(p.tgid),
             Decoded::Process(p) => Some(p.pid),
             Decoded::Traced(target) => Some(target.pid),
+            Decoded::Pod { pid, .. } => Some(*pid),
             Decoded::Exited { tgid, .. } => Some(*tgid),
             Decoded::Cuda(CudaEvent::Step(step)) => Some(step.tgid),
             Decoded::Cuda(CudaEvent::Name(
@@ -207,7 +211,7 @@ impl Decoded {
             Decoded::Handover(h) => h.enter_ns,
             Decoded::Serializing(s) => s.ns,
             // Known before any message: sorted first (a server before its processes).
-            Decoded::Process(_) | Decoded::Traced(_) => 0,
+            Decoded::Process(_) | Decoded::Traced(_) | Decoded::Pod { .. } => 0,
             Decoded::Exited { ns, .. } => *ns,
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
             // A name is needed by the steps after it: sorted first, like a process.
@@ -232,7 +236,7 @@ impl Decoded {
             Decoded::Wakeup(w) => w.ns,
             Decoded::LoopWait(w) => w.exit_ns,
             Decoded::MailboxPoll(p) => p.ns,
-            Decoded::Process(_) | Decoded::Traced(_) => 0,
+            Decoded::Process(_) | Decoded::Traced(_) | Decoded::Pod { .. } => 0,
             Decoded::Exited { ns, .. } => *ns,
             Decoded::Cuda(CudaEvent::Step(step)) => step.end_ns,
             // A name is needed by the steps after it: sorted first, like a process.
@@ -638,6 +642,10 @@ impl FlowTable {
             CaptureEvent::Tick => self.tick(&mut out),
             CaptureEvent::Process(info) => out.push(Decoded::Process(info.clone())),
             CaptureEvent::Target(target) => out.push(Decoded::Traced(target.clone())),
+            CaptureEvent::Pod { pid, pod } => out.push(Decoded::Pod {
+                pid: *pid,
+                pod: pod.clone(),
+            }),
             _ => {}
         }
         out

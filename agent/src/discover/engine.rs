@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     cmdline::{Program, flag_value, is_python, program, tokens},
     identity::Identity,
+    kubernetes::PodIdentity,
     procfs,
     recognition::Recognition,
     sockets,
@@ -90,6 +91,9 @@ pub struct Target {
     /// Its environment's service name and its container.
     #[serde(default)]
     pub identity: Identity,
+    /// Its pod, when Kubernetes has told (node mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodIdentity>,
 }
 
 impl Target {
@@ -116,6 +120,7 @@ impl Target {
             served_model: found.served_model_name.or(found.model),
             start_time: procfs::start_time(found.pid),
             identity: Identity::of_process(found.pid),
+            pod: None,
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod cuda;
 pub mod engine;
 pub mod gpu;
 pub mod identity;
+pub mod kubernetes;
 pub mod pickle;
 pub mod procfs;
 pub mod python;

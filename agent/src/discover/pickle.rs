@@ -17,10 +17,33 @@ const LIBPYTHON_PREFIX: &str = "libpython3";
 const DUMPS: &str = "_pickle_dumps";
 
 /// The library of process `pid` that holds `pickle.dumps`, as a path this process can open:
-/// the `_pickle` module when it is mapped, else libpython; None when neither is (yet).
+/// the `_pickle` module when it is mapped, else libpython when the module is built into it;
+/// None when neither is (yet: a process traced from its exec imports pickle later).
 pub fn library_of(pid: u32) -> Option<PathBuf> {
-    uprobe_sites::library_of(pid, MODULE_PREFIX)
-        .or_else(|| uprobe_sites::library_of(pid, LIBPYTHON_PREFIX))
+    uprobe_sites::library_of(pid, MODULE_PREFIX).or_else(|| {
+        uprobe_sites::library_of(pid, LIBPYTHON_PREFIX).filter(|path| builds_in_pickle(path))
+    })
+}
+
+/// Whether a libpython has the `_pickle` module built in (it names `_pickle_dumps`), read once
+/// per file (a process is looked at again until it imports the module).
+fn builds_in_pickle(path: &Path) -> bool {
+    use std::{
+        collections::HashMap,
+        os::unix::fs::MetadataExt as _,
+        sync::{Mutex, OnceLock},
+    };
+    static KNOWN: OnceLock<Mutex<HashMap<(u64, u64), bool>>> = OnceLock::new();
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false;
+    };
+    let mut known = KNOWN
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    *known
+        .entry((meta.dev(), meta.ino()))
+        .or_insert_with(|| dumps_sites_of(path).is_ok_and(|sites| !sites.is_empty()))
 }
 
 /// The probe site of `_pickle_dumps` in a library's bytes.

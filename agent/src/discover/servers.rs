@@ -10,8 +10,9 @@ use crate::engines::Engine;
 /// The servers found so far, so that each is reported once per process.
 #[derive(Debug, Default)]
 pub struct Finder {
-    /// Traced servers: pid -> start time (a later process with the pid is another server).
-    traced: HashMap<u32, Option<u64>>,
+    /// Traced servers: pid -> start time (a later process with the pid is another server)
+    /// and container.
+    traced: HashMap<u32, (Option<u64>, Option<String>)>,
 }
 
 impl Finder {
@@ -42,6 +43,15 @@ impl Finder {
         self.admit(found)
     }
 
+    /// The traced servers that run in container `container_id`.
+    pub fn servers_in(&self, container_id: &str) -> Vec<u32> {
+        self.traced
+            .iter()
+            .filter(|(_, (_, c))| c.as_deref() == Some(container_id))
+            .map(|(pid, _)| *pid)
+            .collect()
+    }
+
     /// A traced process exited: whether it was a server.
     pub fn exited(&mut self, pid: u32) -> bool {
         self.traced.remove(&pid).is_some()
@@ -49,10 +59,16 @@ impl Finder {
 
     fn admit(&mut self, found: EngineProcess) -> Option<Target> {
         let target = Target::of(found);
-        if self.traced.get(&target.pid) == Some(&target.start_time) {
+        if self
+            .traced
+            .get(&target.pid)
+            .is_some_and(|(start, _)| *start == target.start_time)
+        {
             return None;
         }
-        self.traced.insert(target.pid, target.start_time);
+        let container = target.identity.container_id.clone();
+        self.traced
+            .insert(target.pid, (target.start_time, container));
         Some(target)
     }
 }

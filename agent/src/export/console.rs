@@ -45,6 +45,7 @@ impl Console {
                 | Decoded::PySample(_)
                 // The agent's log says which servers it traces, and when they exit.
                 | Decoded::Traced(_)
+                | Decoded::Pod { .. }
                 | Decoded::Exited { .. }
         ) {
             return None;
@@ -99,6 +100,7 @@ impl Console {
             | Decoded::Serializing(_)
             | Decoded::PySample(_)
             | Decoded::Traced(_)
+            | Decoded::Pod { .. }
             | Decoded::Exited { .. } => {}
             Decoded::Cuda(CudaEvent::Step(step)) => {
                 let _ = write!(

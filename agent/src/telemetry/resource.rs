@@ -9,6 +9,8 @@ use crate::discover::engine::Target;
 ///   served model, else its engine's package (`vllm`, `sglang`);
 /// - `service.instance.id` (`host:pid`, unique while the server runs), `service.version` (the
 ///   engine's), `host.name`, `process.pid`, `container.id`;
+/// - in Kubernetes, its pod's: `k8s.namespace.name`, `k8s.pod.name`, `k8s.pod.uid`,
+///   `k8s.container.name`, `k8s.node.name`, `k8s.deployment.name`;
 /// - every other attribute of its `OTEL_RESOURCE_ATTRIBUTES`, unless one of ours has the key.
 pub fn of_server(host: &str, target: &Target) -> Resource {
     let identity = &target.identity;
@@ -41,13 +43,19 @@ pub fn of_server(host: &str, target: &Target) -> Resource {
             None => resource.remove(key),
         };
     }
+    for (key, value) in target.pod.iter().flat_map(|pod| pod.attributes()) {
+        resource.insert(key.to_owned(), value);
+    }
     resource
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{discover::identity::Identity, engines::Engine};
+    use crate::{
+        discover::{identity::Identity, kubernetes::PodIdentity},
+        engines::Engine,
+    };
 
     fn target(identity: Identity) -> Target {
         Target {
@@ -57,6 +65,7 @@ mod tests {
             served_model: Some("tiny".into()),
             start_time: Some(7),
             identity,
+            pod: None,
         }
     }
 
@@ -109,5 +118,16 @@ mod tests {
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
         assert_eq!(resource, expected);
+        let in_a_pod = Target {
+            pod: Some(PodIdentity {
+                namespace: "llm".into(),
+                pod_name: "chat-0".into(),
+                ..PodIdentity::default()
+            }),
+            ..target(Identity::default())
+        };
+        let resource = of_server("node-1", &in_a_pod);
+        assert_eq!(resource["k8s.pod.name"], "chat-0");
+        assert_eq!(resource["k8s.namespace.name"], "llm");
     }
 }

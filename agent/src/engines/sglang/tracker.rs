@@ -499,6 +499,7 @@ impl SglangTracker {
             | Decoded::PySample(_)
             | Decoded::Clock(_)
             | Decoded::Traced(_)
+            | Decoded::Pod { .. }
             | Decoded::Exited { .. } => {}
             // The schedulers' loops; main's polls are its asyncio loop's business.
             Decoded::MailboxPoll(poll) if self.ranks.contains_key(&poll.tgid) => {

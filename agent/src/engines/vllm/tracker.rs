@@ -392,6 +392,7 @@ impl VllmTracker {
             // timed at their write; its loops are followed by their epoll waits.
             Decoded::Process(_)
             | Decoded::Traced(_)
+            | Decoded::Pod { .. }
             | Decoded::Exited { .. }
             | Decoded::MailboxPoll(_)
             | Decoded::Cuda(_)
