@@ -11,6 +11,7 @@
 //! the engine processes, their roles and what to probe; [`doctor`] checks the host.
 //! `docs/architecture.md` follows a byte through every stage.
 pub mod capture;
+pub mod config;
 pub mod decode;
 pub mod discover;
 pub mod doctor;

@@ -2,16 +2,17 @@
 use std::{
     fs::File,
     io::{BufWriter, Write as _},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::ExitCode,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, Parser, Subcommand};
 use infertrace::{
     capture::{cuda_watch::CudaOptions, kernel::KernelOptions, python_watch::PythonOptions},
+    config,
     discover::{
         engine::{self, Target},
         kubernetes::PodWatch,
@@ -88,6 +89,22 @@ enum Command {
     },
     /// Check what this host supports (privileges, tracefs, BTF, uprobes, ring buffers, perf).
     Doctor,
+    /// The configuration file.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Check a configuration file: every key a setting, every value one its flag takes.
+    Check {
+        file: PathBuf,
+        /// The command it is for.
+        #[arg(long = "for", default_value = "run", value_parser = ["run", "attach", "record", "profile"])]
+        command: String,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -115,6 +132,11 @@ struct NodeArgs {
 /// How to trace, whatever is traced.
 #[derive(Args, Clone)]
 struct TraceArgs {
+    /// Read settings from this YAML file: each key a flag's name without `--`, e.g.
+    /// `otlp-endpoint: http://collector:4317` (environment variables INFERTRACE_<FLAG> override
+    /// it, flags override both; check it with `infertrace config check`).
+    #[arg(long, env = config::CONFIG_ENV, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM, or the processes exit).
     #[arg(long)]
     duration: Option<f64>,
@@ -351,6 +373,92 @@ impl TraceArgs {
     }
 }
 
+/// The subcommands whose flags a configuration file and the environment may set.
+const CONFIGURABLE: [&str; 4] = ["run", "attach", "record", "profile"];
+
+/// The flags of subcommand `name` that the configuration may set.
+fn configurable_flags(name: &str) -> Vec<config::Flag> {
+    let cli = Cli::command();
+    let Some(command) = cli.find_subcommand(name) else {
+        return Vec::new();
+    };
+    command
+        .get_arguments()
+        .filter_map(|arg| {
+            let long = arg.get_long()?;
+            (!["help", "version", "config"].contains(&long)).then(|| config::Flag {
+                long: long.to_owned(),
+                takes_value: arg.get_action().takes_values(),
+                repeatable: matches!(arg.get_action(), clap::ArgAction::Append),
+            })
+        })
+        .collect()
+}
+
+/// The command line with the configuration file's and the environment's settings in it.
+fn configured(argv: Vec<String>) -> anyhow::Result<Vec<String>> {
+    let Some(command) = argv.get(1).filter(|c| CONFIGURABLE.contains(&c.as_str())) else {
+        return Ok(argv);
+    };
+    let flags = configurable_flags(command);
+    let rest = &argv[2..];
+    let path = rest
+        .iter()
+        .position(|a| a == "--config")
+        .and_then(|i| rest.get(i + 1).cloned())
+        .or_else(|| {
+            rest.iter()
+                .find_map(|a| a.strip_prefix("--config=").map(str::to_owned))
+        })
+        .or_else(|| {
+            std::env::var(config::CONFIG_ENV)
+                .ok()
+                .filter(|p| !p.is_empty())
+        });
+    let file = match path {
+        Some(path) => config::read_file(Path::new(&path), command, &flags)?,
+        None => Vec::new(),
+    };
+    let merged = config::merged_args(rest, &file, |var| std::env::var(var).ok(), &flags)?;
+    Ok(argv[..2].iter().cloned().chain(merged).collect())
+}
+
+/// `config check`: the file read as `command` would read it, every value parsed by its flag.
+fn check_config(file: &Path, command: &str) -> anyhow::Result<()> {
+    let flags = configurable_flags(command);
+    let settings = config::read_file(file, command, &flags)?;
+    let mut argv = vec!["infertrace".to_owned(), command.to_owned()];
+    argv.extend(config::merged_args(&[], &settings, |_| None, &flags)?);
+    // What the command line must say whatever the file says: not the file's to check.
+    if command != "run" && !settings.iter().any(|s| s.flag == "pid") {
+        argv.push("--pid=1".into());
+    }
+    if command == "record" && !settings.iter().any(|s| s.flag == "recording") {
+        argv.push("--recording=x".into());
+    }
+    if let Err(e) = Cli::try_parse_from(&argv) {
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or_default();
+        anyhow::bail!(
+            "{}: {}",
+            file.display(),
+            first.strip_prefix("error: ").unwrap_or(first)
+        );
+    }
+    let names: Vec<&str> = settings.iter().map(|s| s.flag.as_str()).collect();
+    println!(
+        "{}: valid for `infertrace {command}`: {} settings{}",
+        file.display(),
+        names.len(),
+        if names.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", names.join(", "))
+        }
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -360,7 +468,14 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(Cli::parse()) {
+    let argv = match configured(std::env::args().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("infertrace: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(Cli::parse_from(argv)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("infertrace: {e:#}");
@@ -423,6 +538,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", doctor::render(&doctor::run()));
             Ok(())
         }
+        Command::Config {
+            action: ConfigAction::Check { file, command },
+        } => check_config(&file, &command),
     }
 }
 
@@ -487,6 +605,9 @@ fn live(
     record: Option<PathBuf>,
     node: Option<Node>,
 ) -> anyhow::Result<Pipeline> {
+    if let Some(path) = &args.config {
+        tracing::info!("settings from {}", path.display());
+    }
     let mut options = args.options()?;
     options.targets = targets;
     options.kernel.announce_execs = node.is_some();

@@ -1156,3 +1156,77 @@ fn attach_help_says_how_to_find_the_pid() {
     assert!(done.status.success(), "{done}");
     assert!(done.stdout.contains("discover"), "{done}");
 }
+
+// ---- configuration --------------------------------------------------------------------------
+
+#[test]
+fn settings_come_from_the_file_then_the_environment_then_the_flags() {
+    let dir = std::env::temp_dir().join(format!("infertrace-config-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let (from_file, from_flag) = (dir.join("file.jsonl"), dir.join("flag.jsonl"));
+    let config = dir.join("infertrace.yaml");
+    fs::write(
+        &config,
+        format!(
+            "output: ['jsonl:{}']\nmetrics-interval: 30\nduration: 1\nno-cuda: true\n",
+            from_file.display()
+        ),
+    )
+    .unwrap();
+    let checked = run(
+        agent(&["config", "check", config.to_str().unwrap()]),
+        "infertrace config check",
+        Duration::from_secs(20),
+    );
+    assert!(checked.status.success(), "{checked}");
+    assert!(
+        checked.stdout.contains(
+            "valid for `infertrace run`: 4 settings (output, metrics-interval, duration, no-cuda)"
+        ),
+        "{checked}"
+    );
+    // The environment's interval beats the file's: several snapshots in the second the file
+    // says to run.
+    let sleeping = sleeper("30");
+    let pid = sleeping.0.id().to_string();
+    let mut attach = agent(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    attach.env("INFERTRACE_METRICS_INTERVAL", "0.2");
+    let done = run(attach, "attach with a file", Duration::from_secs(30));
+    assert!(done.status.success(), "{done}");
+    let snapshots = fs::read_to_string(&from_file)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(r#""type":"metrics""#))
+        .count();
+    assert!(snapshots >= 3, "{snapshots} snapshots: {done}");
+    // A flag beats both.
+    let flag_output = format!("jsonl:{}", from_flag.display());
+    let mut attach = agent(&["attach", "--pid", &pid, "--output", &flag_output]);
+    attach.env("INFERTRACE_CONFIG", &config);
+    let done = run(
+        attach,
+        "attach with a file and a flag",
+        Duration::from_secs(30),
+    );
+    assert!(done.status.success(), "{done}");
+    assert!(from_flag.exists(), "{done}");
+    // A mistake is named with its file and its key, before anything is loaded.
+    fs::write(&config, "granularity: 9\n").unwrap();
+    let refused = run(
+        agent(&["run", "--config", config.to_str().unwrap()]),
+        "run with a bad file",
+        Duration::from_secs(20),
+    );
+    assert!(!refused.status.success(), "{refused}");
+    assert!(
+        refused.stderr.contains("'9' for '--granularity"),
+        "{refused}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
