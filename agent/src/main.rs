@@ -22,6 +22,7 @@ use infertrace::{
     export::{
         Exporter,
         console::{Console, ConsoleExporter},
+        health::Health,
         jsonl::Jsonl,
         otlp::{Otlp, OtlpOptions, OtlpProtocol},
         prometheus,
@@ -287,11 +288,13 @@ impl OutputArgs {
         Ok(out)
     }
 
+    /// The pipeline and its outputs; `health` is what the Prometheus endpoint's probes answer.
     fn pipeline(
         &self,
         clock: Clock,
         targets: Vec<Target>,
         host: String,
+        health: Arc<Health>,
     ) -> anyhow::Result<Pipeline> {
         if !(self.metrics_interval.is_finite() && self.metrics_interval > 0.0) {
             anyhow::bail!("--metrics-interval must be > 0");
@@ -335,8 +338,10 @@ impl OutputArgs {
             )?));
         }
         if let Some(addr) = &self.prometheus {
-            let bound = prometheus::serve(addr, registry.clone())?;
-            tracing::info!("Prometheus metrics at http://{bound}/metrics");
+            let bound = prometheus::serve(addr, registry.clone(), health)?;
+            tracing::info!(
+                "Prometheus metrics at http://{bound}/metrics (probes: /healthz, /readyz)"
+            );
         }
         Ok(Pipeline::new(options, clock, registry, exporters))
     }
@@ -504,7 +509,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 &file,
                 |header| {
                     let clock = Clock::fixed(header.realtime_minus_monotonic_ns);
-                    output.pipeline(clock, header.targets(), header.host.clone())
+                    let health = Arc::new(Health::default());
+                    health.round();
+                    output.pipeline(clock, header.targets(), header.host.clone(), health)
                 },
                 |header, d| {
                     if output.messages
@@ -613,10 +620,12 @@ fn live(
     options.kernel.announce_execs = node.is_some();
     let clock = Clock::fixed(session::realtime_minus_monotonic_ns());
     let console = args.output.messages.then(|| Console::new(clock.latest()));
+    let health = Arc::new(Health::default());
     let mut pipeline = args.output.pipeline(
         clock,
         options.targets.clone(),
         infertrace::discover::system::hostname(),
+        health.clone(),
     )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -626,6 +635,7 @@ fn live(
         record.as_deref(),
         node,
         |batch, so_far| {
+            health.round();
             if let Some(console) = &console {
                 // One write per batch: a busy engine produces thousands of lines a second.
                 let mut text = String::new();

@@ -10,6 +10,7 @@ use crate::telemetry::{
 };
 
 pub mod console;
+pub mod health;
 pub mod jsonl;
 pub mod otlp;
 pub mod prometheus;

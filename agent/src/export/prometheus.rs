@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+use super::health::Health;
 use crate::telemetry::metrics::{Kind, Registry, SERVICE_INSTANCE_ID};
 
 /// Largest request head read; scrapers send a few hundred bytes.
@@ -82,8 +83,13 @@ fn escape_help(v: &str) -> String {
     v.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
-/// Bind `addr` and serve scrapes until the process exits. Returns the bound address.
-pub fn serve(addr: &str, registry: Arc<Mutex<Registry>>) -> anyhow::Result<SocketAddr> {
+/// Bind `addr` and serve scrapes (and the health probes) until the process exits. Returns the
+/// bound address.
+pub fn serve(
+    addr: &str,
+    registry: Arc<Mutex<Registry>>,
+    health: Arc<Health>,
+) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)
         .map_err(|e| anyhow::anyhow!("--prometheus {addr}: cannot listen: {e}"))?;
     let bound = listener.local_addr()?;
@@ -91,7 +97,7 @@ pub fn serve(addr: &str, registry: Arc<Mutex<Registry>>) -> anyhow::Result<Socke
         .name("prometheus".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                if let Err(e) = answer(stream, &registry) {
+                if let Err(e) = answer(stream, &registry, &health) {
                     tracing::debug!("prometheus scrape: {e}");
                 }
             }
@@ -99,7 +105,11 @@ pub fn serve(addr: &str, registry: Arc<Mutex<Registry>>) -> anyhow::Result<Socke
     Ok(bound)
 }
 
-fn answer(mut stream: TcpStream, registry: &Mutex<Registry>) -> std::io::Result<()> {
+fn answer(
+    mut stream: TcpStream,
+    registry: &Mutex<Registry>,
+    health: &Health,
+) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut buf = Vec::with_capacity(1024);
@@ -123,7 +133,20 @@ fn answer(mut stream: TcpStream, registry: &Mutex<Registry>) -> std::io::Result<
     };
     let (status, body) = match path.as_deref().map(|p| p.split('?').next().unwrap_or(p)) {
         Some("/metrics") => ("200 OK", render(&registry.lock().expect("registry lock"))),
-        Some(_) => ("404 Not Found", "try /metrics\n".to_owned()),
+        Some("/readyz") if health.ready() => ("200 OK", "ready\n".to_owned()),
+        Some("/readyz") => (
+            "503 Service Unavailable",
+            "loading the eBPF programs\n".to_owned(),
+        ),
+        Some("/healthz") if health.healthy() => ("200 OK", "ok\n".to_owned()),
+        Some("/healthz") => (
+            "503 Service Unavailable",
+            "the capture loop is stalled\n".to_owned(),
+        ),
+        Some(_) => (
+            "404 Not Found",
+            "try /metrics, /healthz or /readyz\n".to_owned(),
+        ),
         None => ("400 Bad Request", String::new()),
     };
     write!(
@@ -163,7 +186,8 @@ mod tests {
              # TYPE gen_ai_vllm_request_success counter\n\
              gen_ai_vllm_request_success{finished_reason=\"stop\",model_name=\"a\\\"b\"} 2\n"
         );
-        let addr = serve("127.0.0.1:0", Arc::new(Mutex::new(r))).unwrap();
+        let health = Arc::new(Health::default());
+        let addr = serve("127.0.0.1:0", Arc::new(Mutex::new(r)), health.clone()).unwrap();
         let get = |path: &str| {
             let mut s = TcpStream::connect(addr).unwrap();
             write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -175,6 +199,11 @@ mod tests {
         assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
         assert!(ok.ends_with("model_name=\"a\\\"b\"} 2\n"), "{ok}");
         assert!(get("/other").starts_with("HTTP/1.1 404"));
+        assert!(get("/readyz").starts_with("HTTP/1.1 503"));
+        assert!(get("/healthz").starts_with("HTTP/1.1 503"));
+        health.round();
+        assert!(get("/readyz").starts_with("HTTP/1.1 200"));
+        assert!(get("/healthz").starts_with("HTTP/1.1 200"));
     }
 
     #[test]
