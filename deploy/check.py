@@ -1,102 +1,119 @@
 #!/usr/bin/env python3
-"""Check the deployment files (no cluster, no container engine needed).
+"""Check the deployment files without a cluster or a container engine. CI runs it.
 
-    python3 deploy/check.py          # check
-    python3 deploy/check.py --fix    # rewrite the two copies of the attach script, then check
+    python3 deploy/check.py [--infertrace BIN]   # check
+    python3 deploy/check.py --fix                # copy deploy/infertrace.yaml into the manifest
 
-- deploy/kubernetes/attach-engines.sh is the one source of the DaemonSet's attach loop; its
-  copies (inlined in deploy/kubernetes/daemonset.yaml's ConfigMap, and
-  deploy/helm/infertrace/files/attach-engines.sh) must be identical to it.
-- The plain YAML files must parse (needs PyYAML).
-- Optional, when installed: shellcheck on the script; `helm lint` + `helm template` on the
-  chart, or the same through the helm-python-sdk package (bundles Helm's Go library) when no
-  `helm` binary is on PATH.
+Needs pyyaml, kubernetes-validate and helm-python-sdk (Helm's Go library; no helm binary).
+
+- deploy/infertrace.yaml is the one source of the agent's settings: the DaemonSet's ConfigMap
+  (deploy/kubernetes/daemonset.yaml) holds it verbatim, and the chart's default `config` says
+  the same; with --infertrace BIN, `BIN config check` validates it.
+- Every object of the plain manifest, and of the chart rendered with its defaults and with
+  every option on, is validated against the Kubernetes API schemas (kubernetes-validate,
+  strict: unknown fields are errors); the ServiceMonitor, a CRD without a bundled schema, is
+  checked for its shape only.
+- The chart lints (strict).
 """
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import kubernetes_validate
 import yaml
+from helm_python import chart as helm_chart
 
 DEPLOY = Path(__file__).resolve().parent
-SCRIPT = DEPLOY / "kubernetes/attach-engines.sh"
+CONFIG = DEPLOY / "infertrace.yaml"
 MANIFEST = DEPLOY / "kubernetes/daemonset.yaml"
 CHART = DEPLOY / "helm/infertrace"
-CHART_SCRIPT = CHART / "files/attach-engines.sh"
-# The ConfigMap's block scalar: from `attach-engines.sh: |` up to the next `---`.
-INLINE = re.compile(r"(  attach-engines\.sh: \|\n)(.*?)(\n---\n)", re.S)
+# The oldest and newest Kubernetes schemas kubernetes-validate bundles.
+KUBERNETES_VERSIONS = ["1.25.0", "1.37.0"]
+# The ConfigMap's block scalar: from `infertrace.yaml: |` up to the next `---`.
+INLINE = re.compile(r"(  infertrace\.yaml: \|\n)(.*?)(\n---\n)", re.S)
 
 
-def inline(script: str) -> str:
-    return "\n".join(("    " + l) if l else "" for l in script.rstrip("\n").split("\n"))
+def inline(text: str) -> str:
+    return "\n".join(("    " + l) if l else "" for l in text.rstrip("\n").split("\n"))
+
+
+def validate(docs: list, origin: str) -> list:
+    """Schema-validate each object; the failures."""
+    failures = []
+    for doc in docs:
+        what = f"{origin}: {doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] == "ServiceMonitor":
+            ok = doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["spec"]["endpoints"]
+            print(f"{what}: shape {'ok' if ok else 'WRONG'} (no bundled schema)")
+            failures += [] if ok else [what]
+            continue
+        for version in KUBERNETES_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                failures.append(f"{what} against {version}: {e.message} at {list(e.path)}")
+            except kubernetes_validate.SchemaNotFoundError as e:
+                failures.append(f"{what}: no schema for {version}: {e}")
+        print(f"{what}: valid against Kubernetes {', '.join(KUBERNETES_VERSIONS)}")
+    return failures
+
+
+def render(values: dict) -> list:
+    out = helm_chart.Chart.load(str(CHART)).render(values, name="infertrace", namespace="infertrace")
+    text = "\n---\n".join(t for path, t in out.items() if not path.endswith("NOTES.txt"))
+    return [d for d in yaml.safe_load_all(text) if d]
 
 
 def main() -> int:
-    fix = "--fix" in sys.argv[1:]
-    script = SCRIPT.read_text()
+    args = sys.argv[1:]
+    config = CONFIG.read_text()
     failures = []
 
     manifest = MANIFEST.read_text()
-    if fix:
-        manifest = INLINE.sub(lambda m: m[1] + inline(script) + m[3], manifest, count=1)
+    if "--fix" in args:
+        manifest = INLINE.sub(lambda m: m[1] + inline(config) + m[3], manifest, count=1)
         MANIFEST.write_text(manifest)
-        CHART_SCRIPT.write_text(script)
-
     docs = [d for d in yaml.safe_load_all(manifest) if d]
-    kinds = [d["kind"] for d in docs]
-    print(f"{MANIFEST.relative_to(DEPLOY)}: parses: {kinds}")
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
-    if cm["data"]["attach-engines.sh"] != script:
-        failures.append(f"the ConfigMap in {MANIFEST.name} differs from {SCRIPT.name} (run --fix)")
-    if CHART_SCRIPT.read_text() != script:
-        failures.append(f"{CHART_SCRIPT.relative_to(DEPLOY)} differs from {SCRIPT.name} (run --fix)")
-    for f in (CHART / "Chart.yaml", CHART / "values.yaml"):
-        yaml.safe_load(f.read_text())
-        print(f"{f.relative_to(DEPLOY)}: parses")
-
-    if shutil.which("shellcheck"):
-        r = subprocess.run(["shellcheck", "-s", "sh", str(SCRIPT)])
-        print(f"shellcheck: {'ok' if r.returncode == 0 else 'FAILED'}")
+    if cm["data"]["infertrace.yaml"] != config:
+        failures.append(f"the ConfigMap in {MANIFEST.name} differs from {CONFIG.name} (run --fix)")
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    if defaults["config"] != yaml.safe_load(config):
+        failures.append(f"the chart's default `config` differs from {CONFIG.name}")
+    if "--infertrace" in args:
+        binary = args[args.index("--infertrace") + 1]
+        r = subprocess.run([binary, "config", "check", str(CONFIG)], capture_output=True, text=True)
+        print(r.stdout.strip() or r.stderr.strip())
         if r.returncode:
-            failures.append("shellcheck")
-    else:
-        print("shellcheck: not installed, skipped")
+            failures.append(f"infertrace config check {CONFIG.name}: {r.stderr.strip()}")
+    failures += validate(docs, MANIFEST.name)
 
-    failures += check_chart(script)
+    report = helm_chart.lint(str(CHART), strict=True)
+    if report["errors"] or any(m["severity"] >= 2 for m in report["messages"]):
+        failures.append(f"helm lint: {report}")
+    else:
+        print("helm chart: lints (strict)")
+    failures += validate(render({}), "chart (defaults)")
+    everything = {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+        "privileged": True,
+        "extraArgs": ["--ring-mib", "64"],
+        "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        "priorityClassName": "system-node-critical",
+        "podAnnotations": {"example": "yes"},
+    }
+    rendered = render(everything)
+    failures += validate(rendered, "chart (every option)")
+    daemonset = next(d for d in rendered if d["kind"] == "DaemonSet")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    if container["args"][:3] != ["run", "--config", "/etc/infertrace/infertrace.yaml"]:
+        failures.append(f"the chart's DaemonSet does not run `infertrace run --config`: {container['args']}")
+
     for f in failures:
         print("FAIL:", f)
     print("deploy check:", "FAILED" if failures else "ok")
     return 1 if failures else 0
-
-
-def check_chart(script: str) -> list:
-    """Lint and render the chart; compare its ConfigMap with the script."""
-    if shutil.which("helm"):
-        lint = subprocess.run(["helm", "lint", "--strict", str(CHART)])
-        out = subprocess.run(["helm", "template", "infertrace", str(CHART)],
-                             capture_output=True, text=True)
-        if lint.returncode or out.returncode:
-            return [f"helm lint/template: {out.stderr.strip()}"]
-        rendered = out.stdout
-    else:
-        try:
-            from helm_python import chart as hc
-        except ImportError:
-            print("helm chart: neither helm nor helm-python-sdk installed, render skipped")
-            return []
-        report = hc.lint(str(CHART), strict=True)
-        if report["errors"] or any(m["severity"] >= 2 for m in report["messages"]):
-            return [f"helm lint: {report}"]
-        out = hc.Chart.load(str(CHART)).render(name="infertrace", namespace="infertrace")
-        rendered = "\n---\n".join(t for p, t in out.items() if not p.endswith("NOTES.txt"))
-    docs = [d for d in yaml.safe_load_all(rendered) if d]
-    print(f"helm chart: lints and renders: {sorted(d['kind'] for d in docs)}")
-    cm = next(d for d in docs if d["kind"] == "ConfigMap")
-    if cm["data"]["attach-engines.sh"] != script:
-        return ["the chart's rendered ConfigMap differs from the attach script"]
-    return []
 
 
 if __name__ == "__main__":

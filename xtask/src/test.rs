@@ -2,9 +2,10 @@
 //!
 //! Installs what the tests need (a Python venv with pyzmq for the fixture processes, and
 //! cargo-fuzz for the fuzz smoke runs), then: eBPF object freshness, rustfmt, clippy (every
-//! tier's code), the test tiers one after the other, each printing its wall time (plain: unit
-//! and replay tests; root: the real kernel paths; engines: the real vLLM and SGLang), and each
-//! fuzz target for a fixed time.
+//! tier's code), the deployment files (deploy/check.py: Kubernetes schemas, the chart, the
+//! shipped configuration), the test tiers one after the other, each printing its wall time
+//! (plain: unit and replay tests; root: the real kernel paths; engines: the real vLLM and
+//! SGLang), and each fuzz target for a fixed time.
 use std::{path::Path, process::Command, time::Instant};
 
 use anyhow::{Context as _, bail};
@@ -42,6 +43,7 @@ pub fn test(skip_fuzz: bool) -> anyhow::Result<()> {
         .args(["clippy", "--all-targets", "--features", ALL_TIERS])
         .args(["--", "-D", "warnings"])
         .current_dir(&root))?;
+    deploy_check(&root)?;
     for (tier, features) in TIERS {
         let started = Instant::now();
         let mut cargo = Command::new("cargo");
@@ -130,6 +132,36 @@ pub fn test_venv(root: &Path) -> anyhow::Result<String> {
         ]))?;
     }
     Ok(python.to_string_lossy().into_owned())
+}
+
+/// deploy/check.py in target/deploy-venv (pyyaml, kubernetes-validate, helm-python-sdk), with
+/// the agent's own `config check` of the shipped configuration.
+fn deploy_check(root: &Path) -> anyhow::Result<()> {
+    let venv = root.join("target/deploy-venv");
+    let python = venv.join("bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import yaml, kubernetes_validate, helm_python"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+        run(Command::new(&python).args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "pyyaml",
+            "kubernetes-validate",
+            "helm-python-sdk",
+        ]))?;
+    }
+    run(Command::new("cargo")
+        .args(["build", "-p", "infertrace"])
+        .current_dir(root))?;
+    run(Command::new(&python)
+        .arg(root.join("deploy/check.py"))
+        .arg("--infertrace")
+        .arg(root.join("target/debug/infertrace")))
 }
 
 fn fuzz(root: &Path) -> anyhow::Result<()> {
