@@ -16,6 +16,8 @@ use infertrace::{
     discover::{
         engine::{self, Target},
         kubernetes::PodWatch,
+        node::{self, Node},
+        selection::{Selection, Verdict},
         servers::Finder,
     },
     doctor, engines,
@@ -28,7 +30,7 @@ use infertrace::{
         prometheus,
     },
     pipeline::{Pipeline, PipelineOptions},
-    session::{self, LiveOptions, Node},
+    session::{self, LiveOptions},
     telemetry::{
         Clock, SpanOptions, agent_metrics, gpu,
         metrics::{MetricDef, Registry},
@@ -82,11 +84,19 @@ enum Command {
         #[command(flatten)]
         output: OutputArgs,
     },
-    /// List vLLM and SGLang processes on this host: role, version, model, ports.
+    /// List vLLM and SGLang processes on this host: role, version, model, ports; and which
+    /// servers `infertrace run` would trace, and why (its selection rules, from the flags or
+    /// from its configuration file).
     Discover {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// `infertrace run`'s configuration file: its selection rules apply (its other settings
+        /// are checked, not used).
+        #[arg(long, env = config::CONFIG_ENV, value_name = "FILE")]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        selection: SelectionArgs,
     },
     /// Check what this host supports (privileges, tracefs, BTF, uprobes, ring buffers, perf).
     Doctor,
@@ -127,7 +137,29 @@ struct NodeArgs {
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     kubernetes_node: Option<String>,
     #[command(flatten)]
+    selection: SelectionArgs,
+    #[command(flatten)]
     trace: TraceArgs,
+}
+
+/// Which servers node mode traces.
+#[derive(Args, Clone)]
+struct SelectionArgs {
+    /// Trace only the servers a rule matches (default: every vLLM and SGLang server). A rule
+    /// is conditions joined by `,`, all of which must hold: engine=vllm|sglang, port=N,
+    /// container=ID (or prefix), namespace=NS, pod=NAME, label.KEY=VALUE, cmdline=REGEX (last:
+    /// it takes the rest). Repeatable: any rule may match.
+    #[arg(long, value_name = "RULE")]
+    include: Vec<String>,
+    /// Leave out the servers a rule matches (as --include; wins over it). Repeatable.
+    #[arg(long, value_name = "RULE")]
+    exclude: Vec<String>,
+}
+
+impl SelectionArgs {
+    fn selection(&self) -> anyhow::Result<Selection> {
+        Ok(Selection::parse(&self.include, &self.exclude)?)
+    }
 }
 
 /// How to trace, whatever is traced.
@@ -378,8 +410,9 @@ impl TraceArgs {
     }
 }
 
-/// The subcommands whose flags a configuration file and the environment may set.
-const CONFIGURABLE: [&str; 4] = ["run", "attach", "record", "profile"];
+/// The subcommands whose flags a configuration file and the environment may set (`discover`
+/// reads `run`'s file for its selection rules).
+const CONFIGURABLE: [&str; 5] = ["run", "attach", "record", "profile", "discover"];
 
 /// The flags of subcommand `name` that the configuration may set.
 fn configurable_flags(name: &str) -> Vec<config::Flag> {
@@ -421,6 +454,13 @@ fn configured(argv: Vec<String>) -> anyhow::Result<Vec<String>> {
                 .filter(|p| !p.is_empty())
         });
     let file = match path {
+        // `run`'s file, checked as such; only the settings discover has are used.
+        Some(path) if command == "discover" => {
+            config::read_file(Path::new(&path), "run", &configurable_flags("run"))?
+                .into_iter()
+                .filter(|s| flags.iter().any(|f| f.long == s.flag))
+                .collect()
+        }
         Some(path) => config::read_file(Path::new(&path), command, &flags)?,
         None => Vec::new(),
     };
@@ -532,15 +572,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Discover { json } => {
-            let found = engine::scan();
-            if json {
-                println!("{}", serde_json::to_string_pretty(&found)?);
-            } else {
-                print!("{}", engine::render_table(&found));
-            }
-            Ok(())
-        }
+        Command::Discover {
+            json,
+            config: _,
+            selection,
+        } => discover(json, &selection.selection()?),
         Command::Doctor => {
             print!("{}", doctor::render(&doctor::run()));
             Ok(())
@@ -549,6 +585,51 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             action: ConfigAction::Check { file, command },
         } => check_config(&file, &command),
     }
+}
+
+/// `discover`: the engine processes, and what `run` would make of each server.
+fn discover(json: bool, selection: &Selection) -> anyhow::Result<()> {
+    let found = engine::scan();
+    let verdicts: Vec<(Target, Verdict)> = Finder::default()
+        .scan()
+        .into_iter()
+        .map(|t| {
+            let verdict = selection.judge(&node::facts(&t, None).as_facts());
+            (t, verdict)
+        })
+        .collect();
+    let said = |verdict: &Verdict| match verdict {
+        Verdict::Trace(why) => (Some(true), why.clone()),
+        Verdict::Skip(why) => (Some(false), why.clone()),
+        Verdict::NeedsPod => (None, "decided when Kubernetes names its pod".to_owned()),
+    };
+    if json {
+        let mut list = serde_json::to_value(&found)?;
+        for item in list.as_array_mut().into_iter().flatten() {
+            let pid = item["pid"].as_u64();
+            if let Some((_, verdict)) = verdicts.iter().find(|(t, _)| Some(u64::from(t.pid)) == pid)
+            {
+                let (trace, why) = said(verdict);
+                item["run"] = serde_json::json!({"trace": trace, "why": why});
+            }
+        }
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    print!("{}", engine::render_table(&found));
+    if !verdicts.is_empty() {
+        println!("\n`infertrace run` would trace:");
+    }
+    for (target, verdict) in &verdicts {
+        let (trace, why) = said(verdict);
+        let answer = match trace {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "maybe",
+        };
+        println!("  {answer}: {} ({why})", session::describe(target));
+    }
+    Ok(())
 }
 
 /// `profile`: a live session whose output is the Python profile.
@@ -595,15 +676,16 @@ fn node(args: &NodeArgs) -> anyhow::Result<()> {
         },
         None => None,
     };
-    let mut finder = Finder::default();
-    let targets = finder.scan();
+    let selection = args.selection.selection()?;
+    let mut node = Node::new(selection, pods);
+    let targets = node.scan();
     if targets.is_empty() {
-        tracing::info!("no vLLM or SGLang server runs yet; each is traced as it starts");
+        tracing::info!("no vLLM or SGLang server to trace yet; each is traced as it starts");
     }
     for target in &targets {
         tracing::info!("tracing {}", session::describe(target));
     }
-    live(&args.trace, targets, None, Some(Node { finder, pods })).map(|_| ())
+    live(&args.trace, targets, None, Some(node)).map(|_| ())
 }
 
 fn live(

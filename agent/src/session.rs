@@ -22,13 +22,7 @@ use crate::{
         recording::{Header, Reader, Writer},
     },
     decode::flows::{Decoded, FlowStats, FlowTable},
-    discover::{
-        engine::Target,
-        kubernetes::{PodIdentity, PodWatch},
-        procfs,
-        servers::Finder,
-        system,
-    },
+    discover::{engine::Target, node::Node, procfs, system},
     pipeline::Pipeline,
 };
 
@@ -285,7 +279,7 @@ pub async fn run_live(
                 }
                 summary.count(&event);
                 if let Some(node) = node.as_mut() {
-                    started.extend(servers_started(&mut node.finder, &event));
+                    started.extend(servers_started(node, &event));
                 }
                 batch.extend(flows.handle(&event));
             }
@@ -303,12 +297,14 @@ pub async fn run_live(
             }
         }
         if let Some(node) = node.as_mut() {
-            events.extend(node.pods_known());
+            events.extend(pods_known(node));
+            let mut started = node.due();
             if scanned.elapsed() >= RESCAN {
                 scanned = Instant::now();
-                for target in node.finder.scan() {
-                    events.extend(follow(&mut live, Some(node), target));
-                }
+                started.extend(node.scan());
+            }
+            for target in started {
+                events.extend(follow(&mut live, Some(node), target));
             }
         }
         if node.is_none() && !stop && checked_exit.elapsed() >= EXIT_CHECK {
@@ -343,59 +339,38 @@ pub async fn run_live(
     Ok(summary)
 }
 
-/// Node mode's state: the servers found so far, and (in Kubernetes) the pods of this node.
-pub struct Node {
-    pub finder: Finder,
-    pub pods: Option<PodWatch>,
-}
-
-impl Node {
-    /// The pod of a server's container, when Kubernetes has told it.
-    fn pod_of(&self, target: &Target) -> Option<PodIdentity> {
-        let container = target.identity.container_id.as_deref()?;
-        self.pods.as_ref()?.pod_of(container)
-    }
-
-    /// The pods Kubernetes told since the last call, of the traced servers they hold.
-    fn pods_known(&self) -> Vec<CaptureEvent> {
-        let Some(pods) = &self.pods else {
-            return Vec::new();
-        };
-        let mut events = Vec::new();
-        for container in pods.take_changed() {
-            let Some(pod) = pods.pod_of(&container) else {
-                continue;
-            };
-            for pid in self.finder.servers_in(&container) {
-                tracing::info!(
-                    "server pid {pid} is container {} of pod {}/{}",
-                    pod.container_name,
-                    pod.namespace,
-                    pod.pod_name
-                );
-                events.push(CaptureEvent::Pod {
-                    pid,
-                    pod: Box::new(pod.clone()),
-                });
-            }
-        }
-        events
-    }
-}
-
 /// Node mode: the server an event says started (an untraced process's exec that is a
 /// server's), and the end of a traced one.
-fn servers_started(finder: &mut Finder, event: &CaptureEvent) -> Option<Target> {
+fn servers_started(node: &mut Node, event: &CaptureEvent) -> Option<Target> {
     match event {
-        CaptureEvent::Kernel(Record::Spawn { header, .. }) => finder.consider(header.tgid),
+        CaptureEvent::Kernel(Record::Spawn { header, .. }) => node.consider(header.tgid),
         CaptureEvent::Kernel(Record::Exit { header }) => {
-            if finder.exited(header.tgid) {
+            if node.exited(header.tgid) {
                 tracing::info!("server pid {} exited", header.tgid);
             }
             None
         }
         _ => None,
     }
+}
+
+/// The Pod events of the pods Kubernetes told, of the traced servers they hold.
+fn pods_known(node: &Node) -> Vec<CaptureEvent> {
+    node.pods_known()
+        .into_iter()
+        .map(|(pid, pod)| {
+            tracing::info!(
+                "server pid {pid} is container {} of pod {}/{}",
+                pod.container_name,
+                pod.namespace,
+                pod.pod_name
+            );
+            CaptureEvent::Pod {
+                pid,
+                pod: Box::new(pod),
+            }
+        })
+        .collect()
 }
 
 /// Trace a server that started: the event that starts its engine instance (with its pod,

@@ -1230,3 +1230,80 @@ fn settings_come_from_the_file_then_the_environment_then_the_flags() {
     );
     let _ = fs::remove_dir_all(&dir);
 }
+
+// ---- node mode ------------------------------------------------------------------------------
+
+/// A process that calls itself vLLM's API server (its title), started now, told apart by how
+/// long it sleeps.
+fn fake_server(seconds: &str) -> Reaped {
+    Reaped(
+        Command::new("sleep")
+            .arg0("VLLM::APIServer")
+            .arg(seconds)
+            .spawn()
+            .expect("start sleep"),
+    )
+}
+
+#[test]
+fn run_traces_the_servers_its_rules_select_as_they_start() {
+    let before = fake_server("30");
+    let first = before.0.id();
+    // discover says what run would make of it, and why.
+    let said = run(
+        agent(&["discover", "--exclude", "cmdline= 30$"]),
+        "infertrace discover --exclude",
+        Duration::from_secs(30),
+    );
+    assert!(
+        said.stdout.contains(&format!(
+            "no: vLLM server pid {first} (excluded by \"cmdline= 30$\")"
+        )),
+        "{said}"
+    );
+    let mut node = Proc::spawn(
+        agent(&[
+            "run",
+            "--output",
+            "none",
+            "--exclude",
+            "cmdline= 32$",
+            "--duration",
+            "20",
+        ]),
+        "infertrace run",
+    );
+    assert!(
+        node.wait_for(Duration::from_secs(15), |_, err| err
+            .contains("attached: tracing")),
+        "{}",
+        node.stderr()
+    );
+    assert!(
+        node.stderr()
+            .contains(&format!("tracing vLLM server pid {first}")),
+        "the server already running: {}",
+        node.stderr()
+    );
+    // Started after the agent: found from their exec.
+    let kept = fake_server("31");
+    let left_out = fake_server("32");
+    let (kept, left_out) = (kept.0.id(), left_out.0.id());
+    let said = node.wait_for(Duration::from_secs(10), |_, err| {
+        err.contains(&format!("tracing vLLM server pid {kept}"))
+            && err.contains(&format!(
+                "not tracing vLLM server pid {left_out}: excluded by \"cmdline= 32$\""
+            ))
+    });
+    assert!(said, "{}", node.stderr());
+    drop(before);
+    assert!(
+        node.wait_for(Duration::from_secs(10), |_, err| err
+            .contains(&format!("server pid {first} exited"))),
+        "{}",
+        node.stderr()
+    );
+    node.signal("TERM");
+    let done = node.wait(Duration::from_secs(15));
+    assert!(done.status.success(), "{done}");
+}

@@ -27,6 +27,9 @@ pub struct PodIdentity {
     /// The Deployment that owns the pod's ReplicaSet, when one does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment_name: Option<String>,
+    /// The pod's labels (for selection rules; not resource attributes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 impl PodIdentity {
@@ -121,6 +124,7 @@ pub fn containers_of(pod: &PodLite) -> Vec<(String, PodIdentity)> {
             .and_then(|s| s.node_name.clone())
             .unwrap_or_default(),
         deployment_name: deployment_name.clone(),
+        labels: meta.labels.clone().unwrap_or_default(),
     };
     let Some(status) = &pod.status else {
         return Vec::new();

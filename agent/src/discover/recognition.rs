@@ -24,4 +24,6 @@ pub struct Recognition {
     pub model: fn(&Program, &[String]) -> Option<String>,
     /// The flags that name the served model name.
     pub served_model_name_flags: &'static [&'static str],
+    /// The port its server listens on when its launch command says none (`--port`).
+    pub default_port: u16,
 }

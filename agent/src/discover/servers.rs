@@ -17,21 +17,20 @@ pub struct Finder {
 
 impl Finder {
     /// The servers running now that are not traced yet.
-    pub fn scan(&mut self) -> Vec<Target> {
+    pub fn scan(&self) -> Vec<Target> {
         let found = engine::scan();
         let engine_of = |pid: u32| found.iter().find(|p| p.pid == pid).map(|p| p.engine);
         found
             .iter()
             .filter(|p| is_server(p, engine_of))
-            .cloned()
-            .collect::<Vec<_>>()
-            .into_iter()
-            .filter_map(|p| self.admit(p))
+            .map(|p| Target::of(p.clone()))
+            .filter(|t| !self.traces(t))
             .collect()
     }
 
-    /// A process that is not traced called execve: the server it starts, if it is one.
-    pub fn consider(&mut self, pid: u32) -> Option<Target> {
+    /// A process that is not traced called execve: the server it starts, if it is one (and
+    /// not traced yet).
+    pub fn consider(&self, pid: u32) -> Option<Target> {
         // Most execs on a host are not servers: two small reads tell.
         if !engine::says_api_server(pid) {
             return None;
@@ -40,7 +39,21 @@ impl Finder {
         if !is_server(&found, |ppid| engine::engine_role(ppid).map(|(e, _)| e)) {
             return None;
         }
-        self.admit(found)
+        Some(Target::of(found)).filter(|t| !self.traces(t))
+    }
+
+    /// Whether this very process is traced already.
+    fn traces(&self, target: &Target) -> bool {
+        self.traced
+            .get(&target.pid)
+            .is_some_and(|(start, _)| *start == target.start_time)
+    }
+
+    /// The server is traced from now on.
+    pub fn admit(&mut self, target: &Target) {
+        let container = target.identity.container_id.clone();
+        self.traced
+            .insert(target.pid, (target.start_time, container));
     }
 
     /// The traced servers that run in container `container_id`.
@@ -55,21 +68,6 @@ impl Finder {
     /// A traced process exited: whether it was a server.
     pub fn exited(&mut self, pid: u32) -> bool {
         self.traced.remove(&pid).is_some()
-    }
-
-    fn admit(&mut self, found: EngineProcess) -> Option<Target> {
-        let target = Target::of(found);
-        if self
-            .traced
-            .get(&target.pid)
-            .is_some_and(|(start, _)| *start == target.start_time)
-        {
-            return None;
-        }
-        let container = target.identity.container_id.clone();
-        self.traced
-            .insert(target.pid, (target.start_time, container));
-        Some(target)
     }
 }
 
@@ -125,14 +123,21 @@ mod tests {
     }
 
     #[test]
-    fn each_server_is_admitted_once_per_process() {
+    fn a_server_is_traced_until_its_process_exits() {
         let mut finder = Finder::default();
         let me = std::process::id();
-        let server = || process(me, 1, Engine::Vllm, Role::ApiServer);
-        assert!(finder.admit(server()).is_some());
-        assert!(finder.admit(server()).is_none());
+        let server = Target::of(process(me, 1, Engine::Vllm, Role::ApiServer));
+        assert!(!finder.traces(&server));
+        finder.admit(&server);
+        assert!(finder.traces(&server));
+        // Another process with the number is another server.
+        let later = Target {
+            start_time: server.start_time.map(|t| t + 1),
+            ..server.clone()
+        };
+        assert!(!finder.traces(&later));
         assert!(finder.exited(me));
         assert!(!finder.exited(me));
-        assert!(finder.admit(server()).is_some());
+        assert!(!finder.traces(&server));
     }
 }

@@ -19,6 +19,7 @@ pub static RECOGNITION: Recognition = Recognition {
     launches,
     model,
     served_model_name_flags: &["--served-model-name"],
+    default_port: 30000,
 };
 
 /// `python -m sglang.launch_server` (or `sglang.cli.main serve`), `sglang serve`, or the

@@ -21,6 +21,7 @@ pub static RECOGNITION: Recognition = Recognition {
     launches,
     model,
     served_model_name_flags: &["--served-model-name"],
+    default_port: 8000,
 };
 
 /// `vllm serve`, `python -m vllm.entrypoints.openai.api_server` (or `.cli.main serve`), or
