@@ -729,7 +729,11 @@ fn live(
                 let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
             }
             pipeline.handle(batch);
-            pipeline.observe_capture(&so_far.kernel, &so_far.flows);
+            pipeline.observe_capture(
+                &so_far.kernel,
+                &so_far.flows,
+                (so_far.records, so_far.bad_records),
+            );
             pipeline.tick(session::monotonic_ns());
         },
     ))?;

@@ -84,6 +84,8 @@ pub struct Pipeline {
     exporters: Vec<Box<dyn Exporter>>,
     metrics_interval_ns: u64,
     next_metrics_ns: Option<u64>,
+    /// Kernel records read and not understood, as the capture stage last said.
+    records: (u64, u64),
     pub stats: PipelineStats,
 }
 
@@ -110,6 +112,7 @@ impl Pipeline {
             exporters,
             metrics_interval_ns: options.metrics_interval_ns.max(1),
             next_metrics_ns: None,
+            records: (0, 0),
             stats: PipelineStats::default(),
         };
         for target in &options.targets {
@@ -175,13 +178,20 @@ impl Pipeline {
             .chain(self.ended.iter().map(|i| i.as_ref()))
     }
 
-    /// The capture stage's totals so far (for the agent's own metrics).
-    pub fn observe_capture(&mut self, kernel: &KernelCounters, flows: &FlowStats) {
+    /// The capture stage's totals so far (for the agent's own metrics): the kernel's and the
+    /// decoders' counters, kernel records read and those not understood.
+    pub fn observe_capture(
+        &mut self,
+        kernel: &KernelCounters,
+        flows: &FlowStats,
+        records: (u64, u64),
+    ) {
         agent_metrics::capture(
             &mut self.registry.lock().expect("registry lock"),
             kernel,
             flows,
         );
+        self.records = records;
     }
 
     /// How the frontend instants were found, over every instance.
@@ -337,6 +347,20 @@ impl Pipeline {
                 registry.in_scope(slot.scope, |r| slot.instance.counters(r));
             }
             agent_metrics::traces(&mut registry, self.stats.traces);
+            agent_metrics::process(&mut registry, self.records.0, self.records.1);
+            let mut by_engine: BTreeMap<&'static str, usize> = BTreeMap::new();
+            for slot in self.instances.values() {
+                if let Some(engine) = slot.target.engine {
+                    *by_engine.entry(engine.recognition().package).or_default() += 1;
+                }
+            }
+            for engine in engines::Engine::ALL {
+                by_engine.entry(engine.recognition().package).or_default();
+            }
+            agent_metrics::engines(&mut registry, &by_engine.into_iter().collect::<Vec<_>>());
+            for totals in self.exporters.iter().filter_map(|e| e.totals()) {
+                agent_metrics::export(&mut registry, &totals);
+            }
             registry.snapshot()
         };
         let unix_ns = self.clock.unix_ns(now_ns);

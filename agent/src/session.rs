@@ -291,6 +291,7 @@ pub async fn run_live(
             batch.sort_by_key(Decoded::start_ns);
             summary.messages += batch.iter().filter(|d| d.is_message()).count() as u64;
             summary.flows = flows.stats();
+            summary.bad_records = live.stats.bad_records;
             sink(&batch, &summary);
             if !more {
                 break;

@@ -269,3 +269,56 @@ fn spans_and_metrics_over_http_protobuf() {
 fn sglang_spans_and_metrics_over_grpc() {
     export_and_compare("sglang-0.5.23-pickle.rec", "sglang", "grpc", false);
 }
+
+#[test]
+fn a_dead_collector_is_said_once_and_every_lost_span_counted() {
+    let dir = std::env::temp_dir().join(format!("infertrace-otlp-dead-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ours = dir.join("ours.jsonl");
+    // Nothing listens there.
+    let port = free_port();
+    let bin = infertrace_bin();
+    let started = Instant::now();
+    let out = Command::new(bin)
+        .args(["replay"])
+        .arg(fixture("vllm-0.32.0-workload.rec"))
+        .args(["--output"])
+        .arg(format!("jsonl:{}", ours.display()))
+        .args(["--otlp-endpoint", &format!("http://127.0.0.1:{port}")])
+        .env("INFERTRACE_LOG", "info")
+        .output()
+        .expect("running infertrace replay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a dead collector held the end for {:?}",
+        started.elapsed()
+    );
+    let warnings = stderr
+        .lines()
+        .filter(|l| l.contains("OTLP:") && l.contains("failed"))
+        .collect::<Vec<_>>();
+    let spans = json_lines(&ours)
+        .iter()
+        .filter(|v| v["type"] == "span")
+        .count();
+    // The first failure at once, then the totals at the end: not a line per batch.
+    assert_eq!(warnings.len(), 2, "{stderr}");
+    let totals = warnings[1];
+    let count = |after: &str| -> usize {
+        let before = totals.split(after).next().unwrap_or_default();
+        before
+            .rsplit(|c: char| !c.is_ascii_digit())
+            .find(|w| !w.is_empty())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(usize::MAX)
+    };
+    assert_eq!(count(" spans exported"), 0, "{totals}");
+    assert_eq!(
+        count(" failed,") + count(" dropped") + count(" unsent"),
+        spans,
+        "every span is exported, failed, dropped or unsent: {totals}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

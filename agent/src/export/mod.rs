@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::telemetry::{
+    agent_metrics::ExportTotals,
     gpu::GpuStepReport,
     metrics::{Resource, Sample},
     span::Span,
@@ -25,4 +26,8 @@ pub trait Exporter {
     fn gpu_step(&mut self, _step: &GpuStepReport) {}
     /// Flush what is buffered; called at the end of the session.
     fn shutdown(&mut self) {}
+    /// What an exporter that sends over the network did so far (for the agent's metrics).
+    fn totals(&self) -> Option<ExportTotals> {
+        None
+    }
 }

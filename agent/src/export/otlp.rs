@@ -15,7 +15,7 @@ use std::{
     collections::BTreeMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError},
     },
     thread::JoinHandle,
@@ -39,6 +39,7 @@ use opentelemetry_sdk::{
 
 use super::Exporter;
 use crate::telemetry::{
+    agent_metrics::ExportTotals,
     metrics::{self as registry, Kind, MetricDef, Registry, Sample, Scope},
     span::{AttrValue, Attributes, Span},
 };
@@ -48,8 +49,11 @@ const QUEUE_TRACES: usize = 4096;
 /// Spans sent per export call, and the longest a span waits for its batch.
 const BATCH_SPANS: usize = 512;
 const BATCH_DELAY: Duration = Duration::from_secs(1);
-/// How long the end of a session waits for the last exports.
-const SHUTDOWN_WAIT: Duration = Duration::from_secs(15);
+/// How long the end of a session waits for the last exports (SIGTERM must end the agent
+/// within 10 s).
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+/// At most one warning per this long about failing exports; the others are counted in it.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OtlpProtocol {
@@ -84,12 +88,95 @@ enum Message {
     Shutdown,
 }
 
+/// What the export did so far, shared with its thread.
+#[derive(Debug, Default)]
+struct Counters {
+    /// Set when the session ends: the thread sends what it holds and stops, whatever is
+    /// still queued.
+    stopping: AtomicBool,
+    queued_spans: AtomicU64,
+    exported_spans: AtomicU64,
+    failed_spans: AtomicU64,
+    dropped_spans: AtomicU64,
+    exported_points: AtomicU64,
+    failed_points: AtomicU64,
+}
+
+impl Counters {
+    fn totals(&self) -> ExportTotals {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ExportTotals {
+            queued_spans: get(&self.queued_spans),
+            exported_spans: get(&self.exported_spans),
+            failed_spans: get(&self.failed_spans),
+            dropped_spans: get(&self.dropped_spans),
+            exported_points: get(&self.exported_points),
+            failed_points: get(&self.failed_points),
+        }
+    }
+}
+
+/// Warnings about failing exports, at most one per [`WARN_EVERY`] (a dead collector must not
+/// flood the log): the first failure at once, then a line a minute with what failed since.
+#[derive(Debug, Default)]
+struct FailureLog {
+    last_warning: Option<Instant>,
+    /// Since the last warning: failed exports, spans and points, and the last error.
+    exports: u64,
+    spans: u64,
+    points: u64,
+    last_error: String,
+    failing: bool,
+}
+
+impl FailureLog {
+    fn failed(&mut self, spans: u64, points: u64, error: &str) {
+        self.exports += 1;
+        self.spans += spans;
+        self.points += points;
+        self.last_error = error.to_owned();
+        self.failing = true;
+        if self.last_warning.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            self.warn();
+        }
+    }
+
+    fn warn(&mut self) {
+        let first = self.last_warning.is_none();
+        tracing::warn!(
+            "OTLP: {} export{} failed{} ({} spans, {} metric points): {}{}",
+            self.exports,
+            if self.exports == 1 { "" } else { "s" },
+            if first { "" } else { " in the last minute" },
+            self.spans,
+            self.points,
+            self.last_error,
+            if first {
+                " (retried with the next batches; said again at most once a minute)"
+            } else {
+                ""
+            }
+        );
+        self.last_warning = Some(Instant::now());
+        (self.exports, self.spans, self.points) = (0, 0, 0);
+    }
+
+    fn succeeded(&mut self) {
+        if self.failing {
+            if self.exports > 0 {
+                self.warn();
+            }
+            tracing::info!("OTLP: exports succeed again");
+            self.failing = false;
+        }
+    }
+}
+
 /// The exporter handle the pipeline holds; the work happens on the export thread.
 pub struct Otlp {
     queue: SyncSender<Message>,
     thread: Option<JoinHandle<()>>,
-    /// Traces dropped because the queue was full.
-    pub dropped: Arc<AtomicU64>,
+    counters: Arc<Counters>,
     done: Option<Receiver<()>>,
 }
 
@@ -164,9 +251,12 @@ impl Otlp {
             };
             build_exporters(options)?
         };
+        let counters = Arc::new(Counters::default());
         let mut exporter = Exporting {
             spans,
             metrics: metric_exporter,
+            counters: counters.clone(),
+            failures: FailureLog::default(),
             meters: BTreeMap::new(),
             registry,
             defs: metrics.to_vec(),
@@ -185,7 +275,7 @@ impl Otlp {
         Ok(Self {
             queue,
             thread: Some(thread),
-            dropped: Arc::new(AtomicU64::new(0)),
+            counters,
             done: Some(done),
         })
     }
@@ -252,6 +342,8 @@ struct Meters {
 struct Exporting {
     spans: SpanExporter,
     metrics: MetricExporter,
+    counters: Arc<Counters>,
+    failures: FailureLog,
     /// By registry scope ([`registry::AGENT`]: the agent's own series).
     meters: BTreeMap<Scope, Meters>,
     registry: Arc<Mutex<Registry>>,
@@ -267,7 +359,17 @@ impl Exporting {
         loop {
             let wait = oldest.map_or(BATCH_DELAY, |t| BATCH_DELAY.saturating_sub(t.elapsed()));
             match rx.recv_timeout(wait) {
+                Ok(_) | Err(RecvTimeoutError::Timeout)
+                    if self.counters.stopping.load(Ordering::Relaxed) =>
+                {
+                    self.send_spans(runner, &mut batch);
+                    self.send_metrics(runner);
+                    return;
+                }
                 Ok(Message::Spans(resource, spans)) => {
+                    self.counters
+                        .queued_spans
+                        .fetch_sub(spans.len() as u64, Ordering::Relaxed);
                     oldest.get_or_insert_with(Instant::now);
                     batch.extend(spans.iter().map(|s| (resource.clone(), span_data(s))));
                     if batch.len() >= BATCH_SPANS {
@@ -309,16 +411,23 @@ impl Exporting {
         for (resource, spans) in by_resource.into_values() {
             self.spans
                 .set_resource(&instance_resource(&self.shared, &resource));
-            let n = spans.len();
-            if let Err(e) = runner.run(self.spans.export(spans)) {
-                tracing::warn!("OTLP: exporting {n} spans failed: {e}");
+            let n = spans.len() as u64;
+            match runner.run(self.spans.export(spans)) {
+                Ok(()) => {
+                    self.counters.exported_spans.fetch_add(n, Ordering::Relaxed);
+                    self.failures.succeeded();
+                }
+                Err(e) => {
+                    self.counters.failed_spans.fetch_add(n, Ordering::Relaxed);
+                    self.failures.failed(n, 0, &e.to_string());
+                }
             }
         }
     }
 
     fn send_metrics(&mut self, runner: &Runner) {
         self.sync_meters();
-        for meters in self.meters.values() {
+        for (scope, meters) in &self.meters {
             let mut rm = ResourceMetrics::default();
             if let Err(e) = meters.reader.collect(&mut rm) {
                 tracing::warn!("OTLP: collecting metrics failed: {e}");
@@ -327,8 +436,25 @@ impl Exporting {
             if rm.scope_metrics().all(|s| s.metrics().next().is_none()) {
                 continue;
             }
-            if let Err(e) = runner.run(self.metrics.export(&rm)) {
-                tracing::warn!("OTLP: exporting metrics failed: {e}");
+            // One point per series of the scope.
+            let points = self
+                .registry
+                .lock()
+                .expect("registry lock")
+                .series_in(*scope) as u64;
+            match runner.run(self.metrics.export(&rm)) {
+                Ok(()) => {
+                    self.counters
+                        .exported_points
+                        .fetch_add(points, Ordering::Relaxed);
+                    self.failures.succeeded();
+                }
+                Err(e) => {
+                    self.counters
+                        .failed_points
+                        .fetch_add(points, Ordering::Relaxed);
+                    self.failures.failed(0, points, &e.to_string());
+                }
             }
         }
     }
@@ -572,19 +698,28 @@ pub fn span_data(span: &Span) -> SpanData {
 
 impl Exporter for Otlp {
     fn spans(&mut self, resource: &Arc<registry::Resource>, spans: &[Span]) {
+        // Counted before the send: the thread may take it off the queue at once.
+        let n = spans.len() as u64;
+        self.counters.queued_spans.fetch_add(n, Ordering::Relaxed);
         match self
             .queue
             .try_send(Message::Spans(resource.clone(), spans.to_vec()))
         {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+                self.counters.queued_spans.fetch_sub(n, Ordering::Relaxed);
+                if self.counters.dropped_spans.fetch_add(n, Ordering::Relaxed) == 0 {
                     tracing::warn!(
-                        "OTLP: the collector does not keep up; dropping traces (counted)"
+                        "OTLP: the collector does not keep up; dropping traces (counted in \
+                         infertrace_export_dropped_spans_total)"
                     );
                 }
             }
         }
+    }
+
+    fn totals(&self) -> Option<ExportTotals> {
+        Some(self.counters.totals())
     }
 
     fn metrics(&mut self, _samples: &[Sample], _unix_ns: u64) {
@@ -592,20 +727,30 @@ impl Exporter for Otlp {
         let _ = self.queue.try_send(Message::Metrics);
     }
 
+    /// Send what can be sent in [`SHUTDOWN_WAIT`] (never blocks on a full queue), then say
+    /// what was lost.
     fn shutdown(&mut self) {
-        let _ = self.queue.send(Message::Shutdown);
-        if let Some(done) = self.done.take()
-            && done.recv_timeout(SHUTDOWN_WAIT).is_err()
-        {
-            tracing::warn!("OTLP: the last export did not finish in {SHUTDOWN_WAIT:?}");
-            return;
-        }
-        if let Some(thread) = self.thread.take() {
+        self.counters.stopping.store(true, Ordering::Relaxed);
+        let _ = self.queue.try_send(Message::Shutdown);
+        let finished = self
+            .done
+            .take()
+            .is_some_and(|done| done.recv_timeout(SHUTDOWN_WAIT).is_ok());
+        if finished && let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        let dropped = self.dropped.load(Ordering::Relaxed);
-        if dropped > 0 {
-            tracing::warn!("OTLP: {dropped} traces were dropped (export queue full)");
+        let t = self.counters.totals();
+        if !finished || t.dropped_spans + t.failed_spans + t.failed_points > 0 {
+            tracing::warn!(
+                "OTLP: {} spans exported, {} failed, {} dropped (export queue full), {} unsent at \
+                 exit; {} metric points exported, {} failed",
+                t.exported_spans,
+                t.failed_spans,
+                t.dropped_spans,
+                t.queued_spans,
+                t.exported_points,
+                t.failed_points
+            );
         }
     }
 }

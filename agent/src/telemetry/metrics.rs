@@ -188,6 +188,11 @@ impl Registry {
             .collect()
     }
 
+    /// How many series scope `scope` has.
+    pub fn series_in(&self, scope: Scope) -> usize {
+        self.series.keys().filter(|(_, s, _)| *s == scope).count()
+    }
+
     /// The engine instances' scopes and their resources.
     pub fn scopes(&self) -> Vec<(Scope, Arc<Resource>)> {
         self.scopes.iter().map(|(s, r)| (*s, r.clone())).collect()

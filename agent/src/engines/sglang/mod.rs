@@ -215,6 +215,7 @@ impl EngineInstance for SglangInstance {
     fn counters(&self, registry: &mut Registry) {
         losses::totals(registry, &self.tracker.stats);
         agent_metrics::handoffs(registry, &self.tracker.handoff_stats());
+        agent_metrics::in_flight(registry, self.tracker.in_flight());
     }
 
     fn handoff_stats(&self) -> HandoffStats {

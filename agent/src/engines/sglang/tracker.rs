@@ -463,6 +463,11 @@ impl Default for SglangTracker {
 }
 
 impl SglangTracker {
+    /// Requests being followed now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
     pub fn handoff_stats(&self) -> HandoffStats {
         self.handoffs.stats
     }

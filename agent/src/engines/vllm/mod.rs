@@ -195,6 +195,7 @@ impl EngineInstance for VllmInstance {
             self.tracker.decoder().layout_switches,
         );
         agent_metrics::handoffs(registry, &self.tracker.handoff_stats());
+        agent_metrics::in_flight(registry, self.tracker.in_flight());
     }
 
     fn handoff_stats(&self) -> HandoffStats {

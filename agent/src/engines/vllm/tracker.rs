@@ -328,6 +328,11 @@ impl VllmTracker {
     }
 
     /// How the frontend instants were found.
+    /// Requests being followed now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
     pub fn handoff_stats(&self) -> HandoffStats {
         self.handoffs.stats
     }
