@@ -1307,3 +1307,108 @@ fn run_traces_the_servers_its_rules_select_as_they_start() {
     let done = node.wait(Duration::from_secs(15));
     assert!(done.status.success(), "{done}");
 }
+
+// ---- least privilege ------------------------------------------------------------------------
+
+/// The DaemonSet's capabilities (deploy/kubernetes/daemonset.yaml), as setpriv names them.
+/// CAP_SYS_RESOURCE is left out: kernels from 5.11 on do not need it, and this machine kind's
+/// root does not have it to give.
+const DAEMONSET_CAPS: [&str; 4] = ["bpf", "perfmon", "sys_ptrace", "dac_read_search"];
+
+/// `infertrace attach` as root with only `caps` (its bounding set), tracing the HTTP fixture
+/// run by user nobody (servers run as other users): how it ended, and whether the exchange
+/// sent during the run was decoded.
+fn attach_with_caps(caps: &[&str]) -> (Finished, bool) {
+    let setpriv = "/usr/bin/setpriv";
+    let mut server = Command::new(setpriv);
+    server
+        .args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+            "/usr/bin/python3",
+        ])
+        .arg(fixture("http_server.py"))
+        .current_dir("/");
+    let mut server = Script::spawn(server);
+    let port: u16 = server
+        .read_line()
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .expect("the fixture's port");
+    let bounding = std::iter::once("-all".to_owned())
+        .chain(caps.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cmd = Command::new(setpriv);
+    cmd.arg(format!("--bounding-set={bounding}"))
+        .arg("--")
+        .arg(infertrace_bin())
+        .args(["attach", "--pid", &server.pid().to_string()])
+        .args(["--messages", "--duration", "4", "--no-cuda"])
+        .env_remove("INFERTRACE_LOG")
+        .env("NO_COLOR", "1");
+    let mut agent = Proc::spawn(cmd, &format!("attach with {caps:?}"));
+    let attached = agent.wait_for(Duration::from_secs(15), |_, err| {
+        err.contains("attached: tracing")
+    });
+    if attached {
+        let mut conn = Http::connect(port);
+        assert_eq!(conn.post("/with-caps", b"x").0, 200);
+    }
+    let done = agent.wait(Duration::from_secs(30));
+    let decoded = done.stdout.contains("POST /with-caps");
+    (done, decoded)
+}
+
+#[test]
+fn the_daemonsets_capabilities_are_enough_and_each_is_needed() {
+    let (done, decoded) = attach_with_caps(&DAEMONSET_CAPS);
+    assert!(done.status.success() && decoded, "{done}");
+    assert!(!done.stderr.contains("is missing"), "{done}");
+    let mut report = vec![format!(
+        "all of {DAEMONSET_CAPS:?}: traced, exchange decoded"
+    )];
+    for left_out in DAEMONSET_CAPS {
+        let caps: Vec<&str> = DAEMONSET_CAPS
+            .iter()
+            .copied()
+            .filter(|c| *c != left_out)
+            .collect();
+        let (done, decoded) = attach_with_caps(&caps);
+        let name = format!("CAP_{}", left_out.to_ascii_uppercase());
+        match left_out {
+            // Without them nothing loads: said, and the exit status says so.
+            "bpf" | "perfmon" => {
+                assert!(!done.status.success(), "{done}");
+                assert!(
+                    done.stderr.contains("needs root, or the capabilities"),
+                    "{done}"
+                );
+                report.push(format!(
+                    "without {name}: refuses to start (names what it needs)"
+                ));
+            }
+            // It runs, and says what it cannot do.
+            _ => {
+                assert!(done.status.success(), "{done}");
+                assert!(
+                    done.stderr.contains(&format!("{name} is missing")),
+                    "{done}"
+                );
+                let sampler = if done.stderr.contains("opening its memory") {
+                    "; Python sampling of the other user's process fails"
+                } else {
+                    ""
+                };
+                report.push(format!(
+                    "without {name}: runs, warns; exchange {}{sampler}",
+                    if decoded { "decoded" } else { "NOT decoded" }
+                ));
+            }
+        }
+    }
+    // The figures docs/capabilities.md records.
+    println!("{}", report.join("\n"));
+}

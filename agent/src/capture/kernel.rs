@@ -500,5 +500,8 @@ fn check_privileges() -> anyhow::Result<()> {
             caps.describe()
         );
     }
+    for line in caps.missing() {
+        tracing::warn!("{line}");
+    }
     Ok(())
 }
