@@ -1,10 +1,15 @@
 //! Node mode: which servers on this host to trace. A server is an engine's API server
 //! (vLLM's API server, SGLang's main process) whose parent is no process of the same engine;
 //! the kernel follows the processes it starts. Servers are found by a /proc scan (at start,
-//! and now and then in case an exec was missed) and as each starts (its exec).
+//! and now and then in case an exec was missed) and as each starts (its exec); a process is
+//! identified in full (version, model) only when its own title or command line says it is an
+//! engine's API server that is not traced yet.
 use std::collections::HashMap;
 
-use super::engine::{self, EngineProcess, Role, Target};
+use super::{
+    engine::{self, EngineProcess, Role, Target},
+    procfs,
+};
 use crate::engines::Engine;
 
 /// The servers found so far, so that each is reported once per process.
@@ -16,23 +21,25 @@ pub struct Finder {
 }
 
 impl Finder {
-    /// The servers running now that are not traced yet.
+    /// The servers running now that are not traced yet. Cheap enough to repeat: each process
+    /// costs two small reads unless it says it is a server that is not traced.
     pub fn scan(&self) -> Vec<Target> {
-        let found = engine::scan();
-        let engine_of = |pid: u32| found.iter().find(|p| p.pid == pid).map(|p| p.engine);
-        found
-            .iter()
-            .filter(|p| is_server(p, engine_of))
-            .map(|p| Target::of(p.clone()))
-            .filter(|t| !self.traces(t))
+        procfs::all_pids()
+            .into_iter()
+            .filter_map(|pid| self.consider(pid))
             .collect()
     }
 
-    /// A process that is not traced called execve: the server it starts, if it is one (and
-    /// not traced yet).
+    /// A process that is not traced called execve (or a scan found it): the server it is, if
+    /// it is one and is not traced yet.
     pub fn consider(&self, pid: u32) -> Option<Target> {
-        // Most execs on a host are not servers: two small reads tell.
+        // Most processes on a host are not servers: two small reads tell.
         if !engine::says_api_server(pid) {
+            return None;
+        }
+        if let Some((start, _)) = self.traced.get(&pid)
+            && *start == procfs::start_time(pid)
+        {
             return None;
         }
         let found = engine::identify(pid)?;
