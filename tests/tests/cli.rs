@@ -1303,9 +1303,16 @@ fn run_traces_the_servers_its_rules_select_as_they_start() {
         "{}",
         node.stderr()
     );
+    let asked = Instant::now();
     node.signal("TERM");
     let done = node.wait(Duration::from_secs(15));
     assert!(done.status.success(), "{done}");
+    // A DaemonSet's pod is killed 30 s after SIGTERM: the agent flushes and exits well before.
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "SIGTERM to exit: {:?}",
+        asked.elapsed()
+    );
 }
 
 // ---- least privilege ------------------------------------------------------------------------
