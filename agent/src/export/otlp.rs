@@ -358,36 +358,52 @@ impl Exporting {
         let mut oldest: Option<Instant> = None;
         loop {
             let wait = oldest.map_or(BATCH_DELAY, |t| BATCH_DELAY.saturating_sub(t.elapsed()));
-            match rx.recv_timeout(wait) {
-                Ok(_) | Err(RecvTimeoutError::Timeout)
-                    if self.counters.stopping.load(Ordering::Relaxed) =>
-                {
-                    self.send_spans(runner, &mut batch);
-                    self.send_metrics(runner);
-                    return;
-                }
-                Ok(Message::Spans(resource, spans)) => {
-                    self.counters
-                        .queued_spans
-                        .fetch_sub(spans.len() as u64, Ordering::Relaxed);
-                    oldest.get_or_insert_with(Instant::now);
-                    batch.extend(spans.iter().map(|s| (resource.clone(), span_data(s))));
-                    if batch.len() >= BATCH_SPANS {
-                        self.send_spans(runner, &mut batch);
-                        oldest = None;
-                    }
-                }
-                Ok(Message::Metrics) => self.send_metrics(runner),
+            let message = rx.recv_timeout(wait);
+            let last = match message {
+                Ok(message) => self.take(runner, message, &mut batch, &mut oldest),
                 Err(RecvTimeoutError::Timeout) => {
                     self.send_spans(runner, &mut batch);
                     oldest = None;
+                    false
                 }
-                Ok(Message::Shutdown) | Err(RecvTimeoutError::Disconnected) => {
-                    self.send_spans(runner, &mut batch);
-                    self.send_metrics(runner);
-                    return;
+                Err(RecvTimeoutError::Disconnected) => true,
+            };
+            // The session ends (the Shutdown message itself may not have fit in the queue):
+            // what is queued goes out now, as far as the time the session waits allows.
+            if last || self.counters.stopping.load(Ordering::Relaxed) {
+                while let Ok(message) = rx.try_recv() {
+                    self.take(runner, message, &mut batch, &mut oldest);
                 }
+                self.send_spans(runner, &mut batch);
+                self.send_metrics(runner);
+                return;
             }
+        }
+    }
+
+    /// Handle one message; true when it is the last (Shutdown).
+    fn take(
+        &mut self,
+        runner: &Runner,
+        message: Message,
+        batch: &mut Vec<(Arc<registry::Resource>, SpanData)>,
+        oldest: &mut Option<Instant>,
+    ) -> bool {
+        match message {
+            Message::Spans(resource, spans) => {
+                oldest.get_or_insert_with(Instant::now);
+                batch.extend(spans.iter().map(|s| (resource.clone(), span_data(s))));
+                if batch.len() >= BATCH_SPANS {
+                    self.send_spans(runner, batch);
+                    *oldest = None;
+                }
+                false
+            }
+            Message::Metrics => {
+                self.send_metrics(runner);
+                false
+            }
+            Message::Shutdown => true,
         }
     }
 
@@ -412,7 +428,10 @@ impl Exporting {
             self.spans
                 .set_resource(&instance_resource(&self.shared, &resource));
             let n = spans.len() as u64;
-            match runner.run(self.spans.export(spans)) {
+            let result = runner.run(self.spans.export(spans));
+            // Waiting until now: queued, then batched, then being exported.
+            self.counters.queued_spans.fetch_sub(n, Ordering::Relaxed);
+            match result {
                 Ok(()) => {
                     self.counters.exported_spans.fetch_add(n, Ordering::Relaxed);
                     self.failures.succeeded();

@@ -93,7 +93,7 @@ pub const ENGINES: MetricDef = MetricDef::gauge(
 pub const EXPORT_QUEUE: MetricDef = MetricDef::gauge(
     "infertrace_export_queue_depth",
     "Count",
-    "Spans waiting for the OTLP export thread.",
+    "Spans handed to the OTLP exporter and not sent yet (queued, batched or being sent).",
 );
 pub const EXPORTED_SPANS: MetricDef = counter(
     "infertrace_exported_spans_total",
