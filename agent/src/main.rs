@@ -738,7 +738,7 @@ fn live(
         },
     ))?;
     pipeline.finish(session::monotonic_ns());
-    let (cpu_s, peak_rss_kib) = own_usage();
+    let (cpu_s, peak_rss_kib) = agent_metrics::own_usage();
     eprintln!(
         "infertrace: detached. {summary}{}; agent used {cpu_s:.3} s of CPU, peak RSS \
          {peak_rss_kib} KiB",
@@ -788,13 +788,4 @@ fn results(pipeline: &Pipeline) -> String {
         h.send_probed,
         h.at_send,
     )
-}
-
-/// CPU seconds (user + system) this process used, and its peak RSS in KiB.
-fn own_usage() -> (f64, i64) {
-    // SAFETY: all-zero is a valid rusage; RUSAGE_SELF with a valid out pointer.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (secs(usage.ru_utime) + secs(usage.ru_stime), usage.ru_maxrss)
 }

@@ -1247,6 +1247,8 @@ fn fake_server(seconds: &str) -> Reaped {
 
 #[test]
 fn run_traces_the_servers_its_rules_select_as_they_start() {
+    // Built (when it must be) before the fake servers' sleeps start counting.
+    infertrace_bin();
     let before = fake_server("30");
     let first = before.0.id();
     // discover says what run would make of it, and why.

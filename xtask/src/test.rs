@@ -109,52 +109,47 @@ fn tests_requiring(manifest: &str, feature: &str) -> Vec<String> {
 /// target/test-venv, made once: pyzmq for the ZeroMQ fixture processes, grpcio and
 /// opentelemetry-proto for the OTLP receiver the export tests send to.
 pub fn test_venv(root: &Path) -> anyhow::Result<String> {
-    let venv = root.join("target/test-venv");
+    let python = python_venv(
+        root,
+        "test-venv",
+        "import zmq, grpc, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2",
+        &["pyzmq", "grpcio", "opentelemetry-proto"],
+    )?;
+    Ok(python.to_string_lossy().into_owned())
+}
+
+/// target/NAME, a Python venv with `packages`, made once (when `probe` does not run in it);
+/// its interpreter.
+fn python_venv(
+    root: &Path,
+    name: &str,
+    probe: &str,
+    packages: &[&str],
+) -> anyhow::Result<std::path::PathBuf> {
+    let venv = root.join("target").join(name);
     let python = venv.join("bin/python");
     let ready = Command::new(&python)
-        .args([
-            "-c",
-            "import zmq, grpc, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2",
-        ])
+        .args(["-c", probe])
         .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
+        .is_ok_and(|s| s.success());
     if !ready {
         run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-        run(Command::new(&python).args([
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "pyzmq",
-            "grpcio",
-            "opentelemetry-proto",
-        ]))?;
+        run(Command::new(&python)
+            .args(["-m", "pip", "install", "-q"])
+            .args(packages))?;
     }
-    Ok(python.to_string_lossy().into_owned())
+    Ok(python)
 }
 
 /// deploy/check.py in target/deploy-venv (pyyaml, kubernetes-validate, helm-python-sdk), with
 /// the agent's own `config check` of the shipped configuration.
 fn deploy_check(root: &Path) -> anyhow::Result<()> {
-    let venv = root.join("target/deploy-venv");
-    let python = venv.join("bin/python");
-    let ready = Command::new(&python)
-        .args(["-c", "import yaml, kubernetes_validate, helm_python"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ready {
-        run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-        run(Command::new(&python).args([
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "pyyaml",
-            "kubernetes-validate",
-            "helm-python-sdk",
-        ]))?;
-    }
+    let python = python_venv(
+        root,
+        "deploy-venv",
+        "import yaml, kubernetes_validate, helm_python",
+        &["pyyaml", "kubernetes-validate", "helm-python-sdk"],
+    )?;
     run(Command::new("cargo")
         .args(["build", "-p", "infertrace"])
         .current_dir(root))?;

@@ -37,23 +37,22 @@ impl Finder {
         if !engine::says_api_server(pid) {
             return None;
         }
-        if let Some((start, _)) = self.traced.get(&pid)
-            && *start == procfs::start_time(pid)
-        {
+        if self.traces(pid, procfs::start_time(pid)) {
             return None;
         }
         let found = engine::identify(pid)?;
         if !is_server(&found, |ppid| engine::engine_role(ppid).map(|(e, _)| e)) {
             return None;
         }
-        Some(Target::of(found)).filter(|t| !self.traces(t))
+        Some(Target::of(found))
     }
 
-    /// Whether this very process is traced already.
-    fn traces(&self, target: &Target) -> bool {
+    /// Whether process `pid`, started at `start_time`, is traced already (a later process with
+    /// the number is not).
+    fn traces(&self, pid: u32, start_time: Option<u64>) -> bool {
         self.traced
-            .get(&target.pid)
-            .is_some_and(|(start, _)| *start == target.start_time)
+            .get(&pid)
+            .is_some_and(|(start, _)| *start == start_time)
     }
 
     /// The server is traced from now on.
@@ -134,17 +133,18 @@ mod tests {
         let mut finder = Finder::default();
         let me = std::process::id();
         let server = Target::of(process(me, 1, Engine::Vllm, Role::ApiServer));
-        assert!(!finder.traces(&server));
+        let traced = |finder: &Finder, t: &Target| finder.traces(t.pid, t.start_time);
+        assert!(!traced(&finder, &server));
         finder.admit(&server);
-        assert!(finder.traces(&server));
+        assert!(traced(&finder, &server));
         // Another process with the number is another server.
         let later = Target {
             start_time: server.start_time.map(|t| t + 1),
             ..server.clone()
         };
-        assert!(!finder.traces(&later));
+        assert!(!traced(&finder, &later));
         assert!(finder.exited(me));
         assert!(!finder.exited(me));
-        assert!(!finder.traces(&server));
+        assert!(!traced(&finder, &server));
     }
 }

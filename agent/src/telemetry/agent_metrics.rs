@@ -222,6 +222,15 @@ pub fn process(r: &mut Registry, records: u64, bad_records: u64) {
     );
 }
 
+/// CPU seconds (user + system) this process used, and its peak RSS in KiB.
+pub fn own_usage() -> (f64, i64) {
+    // SAFETY: all-zero is a valid rusage; RUSAGE_SELF with a valid out pointer.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (secs(usage.ru_utime) + secs(usage.ru_stime), usage.ru_maxrss)
+}
+
 /// Resident memory now (/proc/self/statm's second field, in pages).
 fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
