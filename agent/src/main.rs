@@ -176,11 +176,13 @@ struct TraceArgs {
     /// Most payload bytes copied per syscall; larger messages are truncated and counted.
     #[arg(long, default_value_t = infertrace_common::DEFAULT_CAP_BYTES)]
     cap_bytes: u32,
-    /// Ring buffer size in MiB.
-    #[arg(long, default_value_t = 32)]
+    /// Ring buffer size in MiB (the kernel's memory; the agent's RSS counts it twice, as the
+    /// ring is mapped twice for wrap-around).
+    #[arg(long, default_value_t = 8)]
     ring_mib: u32,
-    /// How often the ring buffer is drained, in milliseconds.
-    #[arg(long, default_value_t = 20)]
+    /// How often the ring buffer is drained, in milliseconds (a ring buffer a quarter full
+    /// wakes the agent sooner).
+    #[arg(long, default_value_t = 50)]
     poll_ms: u64,
     /// Do not sample the Python stacks of traced Python processes.
     #[arg(long)]

@@ -289,7 +289,11 @@ pub struct FdDecision {
 pub struct FdState {
     /// One of [`fd_action`].
     pub action: u8,
-    pub _pad: [u8; 3],
+    /// Non-zero: the fd is a regular file or a directory (seen by the kernel when it
+    /// reported the fd). Its reads are not copied while userspace decides: no decoder reads
+    /// files, and a process loading a model or its modules reads gigabytes of them.
+    pub file: u8,
+    pub _pad: [u8; 2],
     /// Which incarnation of the fd number this is (never 0): userspace's decision for a
     /// PENDING fd carries it, so that a decision made after the fd was closed and its number
     /// reused is not applied to the new file or connection.
@@ -548,6 +552,31 @@ pub struct Config {
     /// Non-zero: every execve on the host is reported (`kind::SPAWN` for untracked
     /// processes), so that the node agent sees each engine as it starts.
     pub announce_execs: u32,
+    /// Where the kernel keeps an fd's file type, from its BTF (all 0: unknown, every
+    /// pending fd is copied).
+    pub file_offsets: FileOffsets,
+}
+
+/// Offsets of the fields between a task and the mode of the inode behind one of its fds:
+/// `task_struct.files`, `files_struct.fdt`, `fdtable.max_fds`, `fdtable.fd`,
+/// `file.f_inode`, `inode.i_mode`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileOffsets {
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdt_max_fds: u32,
+    pub fdt_fd: u32,
+    pub file_inode: u32,
+    pub inode_mode: u32,
+}
+
+impl FileOffsets {
+    /// The offsets were found (`max_fds` and `i_mode` are their structs' first members, at
+    /// 0; the others never are).
+    pub fn known(&self) -> bool {
+        self.task_files != 0 && self.files_fdt != 0 && self.fdt_fd != 0 && self.file_inode != 0
+    }
 }
 
 impl Default for Config {
@@ -557,6 +586,7 @@ impl Default for Config {
             wakeup_watermark: 0,
             cuda_every_call: 0,
             announce_execs: 0,
+            file_offsets: FileOffsets::default(),
         }
     }
 }

@@ -3,13 +3,15 @@
 //! Enter: for a tracked process, look up the fd's class. An unknown fd produces one NEW_FD
 //! record (the map entry is set to PENDING so it is reported once) and userspace classifies
 //! it from /proc. For a CAPTURE or PENDING fd the buffer pointer is remembered per thread;
-//! userspace drops what it captured from a PENDING fd that it then classifies IGNORE.
+//! userspace drops what it captured from a PENDING fd that it then classifies IGNORE. A
+//! PENDING fd that the kernel sees is a regular file or a directory has its reads left out.
 //! Exit: with the return value known, copy exactly the bytes moved, in CHUNK_SIZE records, up
 //! to the configured per-syscall cap.
 use aya_ebpf::{
     cty::c_void,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_loop,
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_user, generated::bpf_loop,
     },
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray},
@@ -113,15 +115,18 @@ fn on_enter(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) 
     let fd = fd as u32;
     let key = FdKey { tgid, fd };
     // SAFETY: the value is copied out immediately.
-    match FD_CLASS.get_ptr_mut(&key) {
-        // Copy until userspace has decided: the first request on a freshly accepted
-        // connection arrives in the very first read, before any classification can happen.
-        None => report_new_fd(tgid, fd, key),
+    // Copy until userspace has decided: the first request on a freshly accepted connection
+    // arrives in the very first read, before any classification can happen. A file's reads
+    // are the exception (FdState.file).
+    let (action, file) = match FD_CLASS.get_ptr_mut(&key) {
+        None => (fd_action::PENDING, report_new_fd(tgid, fd, key)),
         // SAFETY: pointer into a live map value.
-        Some(state) => match unsafe { apply_decision(&mut *state, &key) } {
-            fd_action::IGNORE => return 0,
-            _ => {}
-        },
+        Some(state) => unsafe { (apply_decision(&mut *state, &key), (*state).file != 0) },
+    };
+    if action == fd_action::IGNORE
+        || (action == fd_action::PENDING && file && direction == direction::INGRESS)
+    {
+        return 0;
     }
     let in_flight = InFlight {
         // SAFETY: helper without preconditions.
@@ -158,20 +163,23 @@ pub(crate) fn apply_decision(state: &mut FdState, key: &FdKey) -> u8 {
     state.action
 }
 
-/// Mark the fd PENDING (so it is reported once) and tell userspace about it.
-pub(crate) fn report_new_fd(tgid: u32, fd: u32, key: FdKey) {
+/// Mark the fd PENDING (so it is reported once) and tell userspace about it. Returns
+/// whether it is a regular file or a directory.
+pub(crate) fn report_new_fd(tgid: u32, fd: u32, key: FdKey) -> bool {
     // The clock's low bits tell incarnations of one fd number apart (never 0: the value of
     // records without one).
     // SAFETY: helper without preconditions.
     let generation = (unsafe { bpf_ktime_get_ns() } as u32) | 1;
+    let file = is_file(fd);
     let pending = FdState {
         action: fd_action::PENDING,
+        file: u8::from(file),
         generation,
         ..FdState::default()
     };
     // BPF_NOEXIST: another thread may have reported it a moment ago.
     if FD_CLASS.insert(&key, &pending, 1).is_err() {
-        return;
+        return file;
     }
     let record = NewFdRecord {
         header: header(kind::NEW_FD, tgid),
@@ -181,6 +189,59 @@ pub(crate) fn report_new_fd(tgid: u32, fd: u32, key: FdKey) {
     if !submit(&record) {
         // Let the next syscall on this fd report it again.
         let _ = FD_CLASS.remove(&key);
+    }
+    file
+}
+
+/// `S_IFMT` and the types of `inode.i_mode` that are files (include/uapi/linux/stat.h).
+const S_IFMT: u16 = 0o170000;
+const S_IFREG: u16 = 0o100000;
+const S_IFDIR: u16 = 0o040000;
+
+/// Whether the current task's fd `fd` is a regular file or a directory: task -> files ->
+/// fdt -> fd[fd] -> f_inode -> i_mode, at the offsets userspace found in the kernel's BTF.
+/// False when they are unknown or a read fails (the fd is then copied as any other).
+fn is_file(fd: u32) -> bool {
+    let at = config().file_offsets;
+    if !at.known() {
+        return false;
+    }
+    // SAFETY: kernel pointers read with the fault-tolerant helper; the fd index is checked
+    // against the table's size first.
+    unsafe {
+        let task = bpf_get_current_task();
+        let Ok(files) = bpf_probe_read_kernel((task + u64::from(at.task_files)) as *const u64)
+        else {
+            return false;
+        };
+        let Ok(fdt) = bpf_probe_read_kernel((files + u64::from(at.files_fdt)) as *const u64) else {
+            return false;
+        };
+        let Ok(max_fds) = bpf_probe_read_kernel((fdt + u64::from(at.fdt_max_fds)) as *const u32)
+        else {
+            return false;
+        };
+        if fd >= max_fds {
+            return false;
+        }
+        let Ok(table) = bpf_probe_read_kernel((fdt + u64::from(at.fdt_fd)) as *const u64) else {
+            return false;
+        };
+        let Ok(file) = bpf_probe_read_kernel((table + u64::from(fd) * 8) as *const u64) else {
+            return false;
+        };
+        if file == 0 {
+            return false;
+        }
+        let Ok(inode) = bpf_probe_read_kernel((file + u64::from(at.file_inode)) as *const u64)
+        else {
+            return false;
+        };
+        let Ok(mode) = bpf_probe_read_kernel((inode + u64::from(at.inode_mode)) as *const u16)
+        else {
+            return false;
+        };
+        matches!(mode & S_IFMT, S_IFREG | S_IFDIR)
     }
 }
 

@@ -74,7 +74,9 @@ pub fn sys_enter_poll(ctx: TracePointContext) -> u32 {
     // a scheduler's mailboxes are those of the first iteration after attach), then only for
     // the mailboxes whose polls userspace follows.
     match FD_CLASS.get_ptr_mut(&key) {
-        None => report_new_fd(tgid, fd, key),
+        None => {
+            report_new_fd(tgid, fd, key);
+        }
         // SAFETY: pointer into a live map value.
         Some(state) => {
             let action = unsafe { apply_decision(&mut *state, &key) };

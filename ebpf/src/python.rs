@@ -37,8 +37,9 @@ pub static PY_PROCS: HashMap<u32, PyProcess> = HashMap::with_max_entries(1024, 0
 #[map]
 static PY_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
 
-/// Interned stacks by hash; userspace takes each out as soon as a sample names it, so a few
-/// thousand entries hold every stack in flight.
+/// Interned stacks by hash. Userspace reads each once, when a sample first names it, and
+/// leaves it here (so that later samples of it cost no syscall) until the map is three
+/// quarters full; then it empties the map, and stacks sampled again are interned again.
 #[map]
 pub static PY_STACKS: HashMap<u64, PyStack> = HashMap::with_max_entries(4096, 0);
 

@@ -284,7 +284,7 @@ fn garbage_frames_are_sampled_without_errors() {
                 if sample.stack_id == 0 {
                     continue;
                 }
-                let Some(stack) = kernel.take_python_stack(sample.stack_id) else {
+                let Some(stack) = kernel.python_stack(sample.stack_id) else {
                     continue;
                 };
                 with_stack += 1;

@@ -1,20 +1,22 @@
-//! `cargo xtask bench-vllm` / `bench-sglang`: what attaching infertrace costs a real engine
-//! (BENCHMARKS.md).
+//! `cargo xtask bench-overhead` (both engines), `bench-vllm` / `bench-sglang` (one): what
+//! attaching infertrace costs a real engine (BENCHMARKS.md).
 //!
 //! The tiny engine (prefix caching off, so that repeated prompts cost the same every time)
 //! serves its own serving benchmark (`vllm bench serve`, `python -m sglang.bench_serving`:
-//! random prompts of 256 tokens, 64 output tokens, the same seed for both configurations of a
-//! pair) several times, alternating between no agent and `infertrace attach` (which goes first
-//! alternates too; outputs off, `--output none`, so that capture, decoding and span building
-//! are measured). Reported: output tokens/s and TTFT (mean, median) per run, the median ratio
-//! traced/untraced, and the agent's CPU time and peak RSS per traced run (from its own
-//! summary line).
+//! random prompts of 256 tokens, 64 streamed output tokens, the same seed for both
+//! configurations of a pair) several times, alternating between no agent and `infertrace
+//! attach` with default settings (which goes first alternates too; `--output none`, so that
+//! capture, decoding and span building are measured, not printing). Reported per engine: the
+//! median and spread of the per-pair ratios (traced / untraced) of output throughput, mean
+//! TTFT and the API server's own CPU during the load (where the kernel programs' cost lands),
+//! and of the traced runs: the agent's CPU per request during the load (attach excluded),
+//! its peak RSS and the records per request (from its summary line).
 use std::{
     io::Read,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -31,6 +33,17 @@ struct RunResult {
     output_tokens_per_s: f64,
     mean_ttft_ms: f64,
     median_ttft_ms: f64,
+    /// The API server's CPU seconds during the run.
+    server_cpu_s: f64,
+}
+
+/// What the agent used during one traced run.
+struct AgentUsage {
+    /// CPU seconds during the load (from just before the benchmark to its end).
+    load_cpu_s: f64,
+    peak_rss_kib: f64,
+    records: f64,
+    requests: f64,
 }
 
 /// The engine under test, on its benchmark port.
@@ -38,41 +51,103 @@ struct Bench {
     engine: Engine,
     home: PathBuf,
     port: u16,
+    /// The API server's pid.
+    pid: u32,
 }
 
-pub fn bench(engine: Engine, options: &BenchOptions) -> anyhow::Result<()> {
+/// One engine's figures, for the closing table.
+pub struct Figures {
+    engine: Engine,
+    throughput: Spread,
+    mean_ttft: Spread,
+    server_cpu: Spread,
+    agent_ms_per_request: Spread,
+    peak_rss_mib: f64,
+    records_per_request: f64,
+}
+
+/// Median, least and greatest of a series.
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(mut values: Vec<f64>) -> Self {
+        values.sort_by(f64::total_cmp);
+        Spread {
+            median: values.get(values.len() / 2).copied().unwrap_or(f64::NAN),
+            min: values.first().copied().unwrap_or(f64::NAN),
+            max: values.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+impl std::fmt::Display for Spread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.3} [{:.3}-{:.3}]", self.median, self.min, self.max)
+    }
+}
+
+/// `cargo xtask bench-overhead`: every engine in turn, then one line per engine.
+pub fn bench_overhead(engines: &[Engine], options: &BenchOptions) -> anyhow::Result<()> {
+    let mut all = Vec::new();
+    for &engine in engines {
+        all.push(bench(engine, options)?);
+    }
+    println!(
+        "\nper engine ({} alternating pairs of {} streamed requests, 256 tokens in / 64 out; \
+         ratios traced/untraced: median [min-max] of the pairs):",
+        options.runs, options.num_prompts
+    );
+    for f in &all {
+        println!(
+            "{}: throughput {}, mean TTFT {}, API server CPU {}; agent {} ms CPU per request \
+             during the load, peak RSS {:.1} MiB, {:.1} records per request",
+            f.engine.title(),
+            f.throughput,
+            f.mean_ttft,
+            f.server_cpu,
+            f.agent_ms_per_request,
+            f.peak_rss_mib,
+            f.records_per_request
+        );
+    }
+    Ok(())
+}
+
+pub fn bench(engine: Engine, options: &BenchOptions) -> anyhow::Result<Figures> {
     let root = root();
     run(Command::new("cargo")
         .args(["build", "--release", "-p", "infertrace"])
         .current_dir(&root))?;
     let agent = root.join("target/release/infertrace");
-    let bench = Bench {
-        engine,
-        home: engine.home(),
-        port: match engine {
-            Engine::Vllm => 18472,
-            Engine::Sglang => 18474,
-        },
+    let home = engine.home();
+    let port = match engine {
+        Engine::Vllm => 18472,
+        Engine::Sglang => 18474,
     };
-    engine.stop(&bench.home, bench.port)?;
+    engine.stop(&home, port)?;
     // Both configurations send the same prompts (same seed): without prefix caching, so that
     // the second run of a pair does not find the first one's prompts cached.
     let no_prefix_cache = match engine {
         Engine::Vllm => "--no-enable-prefix-caching",
         Engine::Sglang => "--disable-radix-cache",
     };
-    let pid = engine.start(
-        &root,
-        &bench.home,
-        bench.port,
-        &[no_prefix_cache.to_owned()],
-    )?;
-    let result = measure(&agent, &bench, pid, options);
+    let pid = engine.start(&root, &home, port, &[no_prefix_cache.to_owned()])?;
+    let bench = Bench {
+        engine,
+        home,
+        port,
+        pid,
+    };
+    let result = measure(&agent, &bench, options);
     engine.stop(&bench.home, bench.port)?;
     result
 }
 
-fn measure(agent: &Path, bench: &Bench, pid: u32, options: &BenchOptions) -> anyhow::Result<()> {
+fn measure(agent: &Path, bench: &Bench, options: &BenchOptions) -> anyhow::Result<Figures> {
     // One unmeasured run: the first requests after start-up compile and warm caches.
     bench.serve(options.num_prompts, 1)?;
     let (mut without, mut with, mut usage) = (Vec::new(), Vec::new(), Vec::new());
@@ -82,15 +157,154 @@ fn measure(agent: &Path, bench: &Bench, pid: u32, options: &BenchOptions) -> any
         if !traced_first {
             without.push(bench.serve(options.num_prompts, i as u64)?);
         }
+        let (result, used) = bench.serve_traced(agent, options.num_prompts, i as u64)?;
+        with.push(result);
+        if traced_first {
+            without.push(bench.serve(options.num_prompts, i as u64)?);
+        }
+        println!(
+            "run {}: without {:.1} tok/s ttft mean {:.2} ms server {:.2} s CPU | with {:.1} \
+             tok/s ttft mean {:.2} ms server {:.2} s CPU; agent {:.3} s CPU during the load, \
+             peak RSS {:.0} KiB, {:.0} records, {:.0} requests traced",
+            i + 1,
+            without[i].output_tokens_per_s,
+            without[i].mean_ttft_ms,
+            without[i].server_cpu_s,
+            with[i].output_tokens_per_s,
+            with[i].mean_ttft_ms,
+            with[i].server_cpu_s,
+            used.load_cpu_s,
+            used.peak_rss_kib,
+            used.records,
+            used.requests
+        );
+        usage.push(used);
+    }
+    let ratio = |f: fn(&RunResult) -> f64| {
+        Spread::of(
+            with.iter()
+                .zip(&without)
+                .map(|(w, o)| f(w) / f(o))
+                .collect(),
+        )
+    };
+    let figures = Figures {
+        engine: bench.engine,
+        throughput: ratio(|r| r.output_tokens_per_s),
+        mean_ttft: ratio(|r| r.mean_ttft_ms),
+        server_cpu: ratio(|r| r.server_cpu_s),
+        agent_ms_per_request: Spread::of(
+            usage
+                .iter()
+                .map(|u| 1000.0 * u.load_cpu_s / u.requests)
+                .collect(),
+        ),
+        peak_rss_mib: usage.iter().map(|u| u.peak_rss_kib).fold(0.0, f64::max) / 1024.0,
+        records_per_request: Spread::of(usage.iter().map(|u| u.records / u.requests).collect())
+            .median,
+    };
+    let median_of = |runs: &[RunResult], f: fn(&RunResult) -> f64| {
+        Spread::of(runs.iter().map(f).collect()).median
+    };
+    println!(
+        "\n{}: medians over {} alternating runs of {} prompts (random 256 in / 64 out, seed = run):",
+        bench.engine.title(),
+        options.runs,
+        options.num_prompts
+    );
+    println!(
+        "output tokens/s: without {:.1}, with {:.1}; ratio with/without {}",
+        median_of(&without, |r| r.output_tokens_per_s),
+        median_of(&with, |r| r.output_tokens_per_s),
+        figures.throughput
+    );
+    println!(
+        "TTFT mean: without {:.2} ms, with {:.2} ms; ratio {}",
+        median_of(&without, |r| r.mean_ttft_ms),
+        median_of(&with, |r| r.mean_ttft_ms),
+        figures.mean_ttft
+    );
+    println!(
+        "TTFT median: without {:.2} ms, with {:.2} ms; ratio {}",
+        median_of(&without, |r| r.median_ttft_ms),
+        median_of(&with, |r| r.median_ttft_ms),
+        ratio(|r| r.median_ttft_ms)
+    );
+    println!(
+        "API server CPU: without {:.2} s, with {:.2} s; ratio {}",
+        median_of(&without, |r| r.server_cpu_s),
+        median_of(&with, |r| r.server_cpu_s),
+        figures.server_cpu
+    );
+    println!(
+        "agent per traced run: {} ms CPU per request during the load, peak RSS {:.1} MiB, \
+         {:.1} records per request",
+        figures.agent_ms_per_request, figures.peak_rss_mib, figures.records_per_request
+    );
+    Ok(figures)
+}
+
+/// CPU seconds (user + system) a process has used, from /proc/PID/stat.
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces), from field 3 (state) on.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(i)
+            .context("short /proc/PID/stat")?
+            .parse::<f64>()?)
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // utime and stime are fields 14 and 15 (indices 11 and 12 after the state).
+    Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
+/// Wait until the agent has attached: its CPU time stops rising (loading and attaching the
+/// programs takes most of a second of CPU; an idle engine gives it next to nothing to do).
+fn wait_attached(agent: &mut Child) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let mut last = cpu_seconds(agent.id())?;
+    thread::sleep(Duration::from_millis(1500));
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Some(status) = agent.try_wait()? {
+            bail!("infertrace exited at attach ({status})");
+        }
+        thread::sleep(Duration::from_millis(500));
+        let now = cpu_seconds(agent.id())?;
+        if now - last < 0.01 {
+            return Ok(());
+        }
+        last = now;
+    }
+    bail!("infertrace was still busy 30 s after it started")
+}
+
+impl Bench {
+    /// One run under `infertrace attach` (default settings, no output): the run's result and
+    /// what the agent used.
+    fn serve_traced(
+        &self,
+        agent: &Path,
+        num_prompts: u32,
+        seed: u64,
+    ) -> anyhow::Result<(RunResult, AgentUsage)> {
         let mut child = Command::new(agent)
-            .args(["attach", "--pid", &pid.to_string(), "--output", "none"])
+            .args(["attach", "--pid", &self.pid.to_string(), "--output", "none"])
             .env("INFERTRACE_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .context("starting infertrace")?;
-        thread::sleep(Duration::from_secs(2));
-        with.push(bench.serve(options.num_prompts, i as u64)?);
+        wait_attached(&mut child)?;
+        let before = cpu_seconds(child.id())?;
+        let result = self.serve(num_prompts, seed)?;
+        let load_cpu_s = cpu_seconds(child.id())? - before;
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status();
@@ -103,71 +317,23 @@ fn measure(agent: &Path, bench: &Bench, pid: u32, options: &BenchOptions) -> any
         if !child.wait()?.success() {
             bail!("infertrace failed: {summary}");
         }
-        if traced_first {
-            without.push(bench.serve(options.num_prompts, i as u64)?);
-        }
-        let cpu = number_before(&summary, " s of CPU").unwrap_or(f64::NAN);
-        let rss = number_before(&summary, " KiB").unwrap_or(f64::NAN);
-        let traced = number_before(&summary, " requests traced").unwrap_or(f64::NAN);
-        usage.push((cpu, rss, traced));
-        println!(
-            "run {}: without {:.1} tok/s ttft mean {:.2} ms | with {:.1} tok/s ttft mean {:.2} \
-             ms; agent {cpu:.2} s CPU, peak RSS {rss:.0} KiB, {traced:.0} requests traced",
-            i + 1,
-            without[i].output_tokens_per_s,
-            without[i].mean_ttft_ms,
-            with[i].output_tokens_per_s,
-            with[i].mean_ttft_ms
-        );
+        let summary = summary
+            .lines()
+            .find(|l| l.contains("infertrace: detached."))
+            .with_context(|| format!("no summary line from infertrace: {summary}"))?;
+        let number = |suffix: &str| number_before(summary, suffix).unwrap_or(f64::NAN);
+        let usage = AgentUsage {
+            load_cpu_s,
+            peak_rss_kib: number(" KiB"),
+            records: number(" records"),
+            requests: number(" requests traced"),
+        };
+        Ok((result, usage))
     }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let pick = |runs: &[RunResult], f: fn(&RunResult) -> f64| runs.iter().map(f).collect();
-    let ratio = |f: fn(&RunResult) -> f64| -> f64 {
-        let mut r: Vec<f64> = with
-            .iter()
-            .zip(&without)
-            .map(|(w, o)| f(w) / f(o))
-            .collect();
-        med(&mut r)
-    };
-    println!(
-        "\nmedians over {} alternating runs of {} prompts (random 256 in / 64 out, seed = run):",
-        options.runs, options.num_prompts
-    );
-    println!(
-        "output tokens/s: without {:.1}, with {:.1}; median ratio with/without {:.4}",
-        med(&mut pick(&without, |r| r.output_tokens_per_s)),
-        med(&mut pick(&with, |r| r.output_tokens_per_s)),
-        ratio(|r| r.output_tokens_per_s)
-    );
-    println!(
-        "TTFT mean: without {:.2} ms, with {:.2} ms; median ratio {:.4}",
-        med(&mut pick(&without, |r| r.mean_ttft_ms)),
-        med(&mut pick(&with, |r| r.mean_ttft_ms)),
-        ratio(|r| r.mean_ttft_ms)
-    );
-    println!(
-        "TTFT median: without {:.2} ms, with {:.2} ms; median ratio {:.4}",
-        med(&mut pick(&without, |r| r.median_ttft_ms)),
-        med(&mut pick(&with, |r| r.median_ttft_ms)),
-        ratio(|r| r.median_ttft_ms)
-    );
-    let mut cpu: Vec<f64> = usage.iter().map(|u| u.0).collect();
-    let mut rss: Vec<f64> = usage.iter().map(|u| u.1).collect();
-    println!(
-        "agent per traced run: median {:.2} s CPU, peak RSS median {:.0} KiB",
-        med(&mut cpu),
-        med(&mut rss)
-    );
-    Ok(())
-}
 
-impl Bench {
     /// One run of the engine's serving benchmark against the tiny model: its result.
     fn serve(&self, num_prompts: u32, seed: u64) -> anyhow::Result<RunResult> {
+        let cpu_before = cpu_seconds(self.pid)?;
         let dir = std::env::temp_dir().join("infertrace-bench");
         std::fs::create_dir_all(&dir)?;
         let file = dir.join(format!("run-{}.json", std::process::id()));
@@ -233,7 +399,9 @@ impl Bench {
                 .as_f64()
                 .with_context(|| format!("{key} missing from the bench result"))
         };
+        let server_cpu_s = cpu_seconds(self.pid)? - cpu_before;
         Ok(RunResult {
+            server_cpu_s,
             output_tokens_per_s: get("output_throughput")?,
             mean_ttft_ms: get("mean_ttft_ms")?,
             median_ttft_ms: get("median_ttft_ms")?,

@@ -10,8 +10,8 @@
 //! - `bench-capture`: the capture benchmark of BENCHMARKS.md.
 //! - `bench-cuda`, `bench-python`, `bench-zmq`: what the CUDA probes, Python sampling and the
 //!   libzmq send probe cost, BENCHMARKS.md.
-//! - `bench-vllm`, `bench-sglang`: the agent's overhead on the real engines (their own serving
-//!   benchmarks), BENCHMARKS.md.
+//! - `bench-overhead` (both engines), `bench-vllm`, `bench-sglang`: the agent's overhead on
+//!   the real engines (their own serving benchmarks), BENCHMARKS.md.
 mod bench;
 mod bench_cuda;
 mod bench_engine;
@@ -72,6 +72,16 @@ enum Task {
     BenchPython,
     /// The probe on libzmq's zmq_msg_send: added cost per send of a pyzmq loop (needs root).
     BenchZmq,
+    /// The agent's cost on both real engines, one after the other: throughput, TTFT and API
+    /// server CPU ratios (alternating pairs), agent CPU per request, peak RSS, records per
+    /// request (needs root).
+    BenchOverhead {
+        /// Only this engine (default: vLLM, then SGLang).
+        #[arg(long, value_parser = ["vllm", "sglang"])]
+        engine: Option<String>,
+        #[command(flatten)]
+        options: BenchArgs,
+    },
     /// Overhead on the real vLLM: `vllm bench serve` with and without the agent (needs root).
     BenchVllm {
         #[command(flatten)]
@@ -98,7 +108,7 @@ enum Task {
 #[derive(Args)]
 struct BenchArgs {
     /// Alternating runs per configuration.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 10)]
     runs: usize,
     /// Prompts per run (256: ~7 s runs on a 2-core VM; shorter ones are noise-dominated).
     #[arg(long, default_value_t = 256)]
@@ -163,8 +173,20 @@ fn main() -> anyhow::Result<()> {
         Task::BenchCuda => bench_cuda::bench_cuda(),
         Task::BenchPython => bench_python::bench_python(),
         Task::BenchZmq => bench_zmq::bench_zmq(),
-        Task::BenchVllm { options } => bench_engine::bench(Engine::Vllm, &options.options()),
-        Task::BenchSglang { options } => bench_engine::bench(Engine::Sglang, &options.options()),
+        Task::BenchOverhead { engine, options } => {
+            let engines = match engine.as_deref() {
+                Some("vllm") => vec![Engine::Vllm],
+                Some(_) => vec![Engine::Sglang],
+                None => vec![Engine::Vllm, Engine::Sglang],
+            };
+            bench_engine::bench_overhead(&engines, &options.options())
+        }
+        Task::BenchVllm { options } => {
+            bench_engine::bench(Engine::Vllm, &options.options()).map(drop)
+        }
+        Task::BenchSglang { options } => {
+            bench_engine::bench(Engine::Sglang, &options.options()).map(drop)
+        }
         Task::BenchLoad { count, size } => bench::bench_load(count, size),
         Task::Demo { port, keep_engine } => demo::demo(&demo::DemoOptions { port, keep_engine }),
         Task::Engine { engine } => {

@@ -19,10 +19,12 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
-use infertrace_common::{Config, FdDecision, FdKey, FdState, PyProcess, PyStack, counter, cuda_fn};
+use infertrace_common::{
+    Config, FdDecision, FdKey, FdState, FileOffsets, PyProcess, PyStack, counter, cuda_fn,
+};
 
 use super::{cuda_watch::CudaOptions, python_watch::PythonOptions};
-use crate::discover::uprobe_sites::ProbeSite;
+use crate::discover::{btf, uprobe_sites::ProbeSite};
 
 /// The uprobe programs of every CUDA driver site: the entry, and the return where it matters.
 const CUDA_ENTER: &str = "cuda_enter";
@@ -135,13 +137,22 @@ pub struct KernelCapture {
     uprobe_links: StdHashMap<(u32, ProbedLibrary), Vec<(&'static str, UProbeLinkId)>>,
     /// Kept open: programs loaded later (the uprobes) refer to the map by its fd.
     _config: Array<MapData, Config>,
-    /// Python processes the sampler walks, and the stacks it interned (taken on first use).
+    /// Python processes the sampler walks, and the stacks it interned (read on first use).
     python: Option<PythonMaps>,
     ring: RingBuf<MapData>,
     tracked: HashMap<MapData, u32, u8>,
     fd_class: HashMap<MapData, FdKey, FdState>,
     fd_decision: HashMap<MapData, FdKey, FdDecision>,
     counters: PerCpuArray<MapData, u64>,
+}
+
+/// Where the kernel keeps an fd's file type, so that it can leave a pending file's reads
+/// out; unknown (every pending fd copied, as before) when the BTF does not say.
+fn file_offsets() -> FileOffsets {
+    btf::file_offsets().unwrap_or_else(|e| {
+        tracing::info!("{e}: files are copied until classified, as sockets are");
+        FileOffsets::default()
+    })
 }
 
 impl KernelCapture {
@@ -167,6 +178,7 @@ impl KernelCapture {
                 wakeup_watermark: ring_bytes / 4,
                 cuda_every_call: u32::from(options.cuda.every_call),
                 announce_execs: u32::from(options.announce_execs),
+                file_offsets: file_offsets(),
             },
             0,
         )?;
@@ -410,13 +422,20 @@ impl KernelCapture {
         }
     }
 
-    /// Take an interned stack out of the kernel's map (the kernel adds it again when it is
-    /// sampled again).
-    pub fn take_python_stack(&mut self, id: u64) -> Option<PyStack> {
+    /// An interned stack, read from the kernel's map (where it stays: the kernel adds a stack
+    /// only when it is not there, so a stack read once costs no syscall again).
+    pub fn python_stack(&mut self, id: u64) -> Option<PyStack> {
         let maps = self.python.as_mut()?;
-        let stack = maps.stacks.get(&id, 0).ok();
-        let _ = maps.stacks.remove(&id);
-        stack
+        maps.stacks.get(&id, 0).ok()
+    }
+
+    /// Remove interned stacks from the kernel's map, to make room for new ones.
+    pub fn forget_python_stacks(&mut self, ids: impl IntoIterator<Item = u64>) {
+        if let Some(maps) = self.python.as_mut() {
+            for id in ids {
+                let _ = maps.stacks.remove(&id);
+            }
+        }
     }
 
     /// Hand up to `max` records from the ring buffer to `sink`, as the kernel wrote them.

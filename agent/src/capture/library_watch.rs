@@ -18,7 +18,7 @@ use crate::discover::uprobe_sites::{ProbeSite, SiteCost};
 
 /// First and longest wait before looking at a process's maps again.
 const FIRST_LOOK: Duration = Duration::from_millis(250);
-const LONGEST_LOOK: Duration = Duration::from_secs(8);
+const LONGEST_LOOK: Duration = Duration::from_secs(64);
 
 /// One library the agent probes: how to find it, its sites, and which of them to attach.
 pub trait Probed {

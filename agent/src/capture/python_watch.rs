@@ -18,6 +18,10 @@ use crate::discover::{
 /// Bounds of the caches (per agent); past them a cache starts over.
 const MAX_CODE_NAMES: usize = 65_536;
 const MAX_ANNOUNCED: usize = 65_536;
+/// Stacks read out of the kernel's map (`PY_STACKS`, 4,096 entries) before it is emptied: a
+/// stack stays there once interned, so that samples of it cost no syscall, until the map is
+/// three quarters full (the rest is room for stacks interned since the last drain).
+const MAX_KERNEL_STACKS: usize = 3072;
 
 /// Default sampling rate: a prime, so that the clock does not beat with periodic work.
 pub const DEFAULT_HZ: u64 = 49;
@@ -61,6 +65,8 @@ pub struct PythonWatch {
     binaries: BinaryCache,
     /// (process, stack id) already named in the event stream.
     announced: HashSet<(u32, u64)>,
+    /// Stack ids read from the kernel's map, so still in it.
+    in_kernel: HashSet<u64>,
     names: HashMap<(u32, u64), CodeName>,
     /// Where the kernel keeps a task's TLS base, once a 3.10 interpreter asked (from BTF).
     fsbase_offset: Option<Result<u32, String>>,
@@ -84,6 +90,7 @@ impl PythonWatch {
             processes: HashMap::new(),
             binaries: BinaryCache::default(),
             announced: HashSet::new(),
+            in_kernel: HashSet::new(),
             names: HashMap::new(),
             fsbase_offset: None,
             stats: PythonStats::default(),
@@ -183,11 +190,16 @@ impl PythonWatch {
         if id == 0 {
             return;
         }
-        // Taken every time: a stack the kernel adds again must not linger in its map.
-        let stack = kernel.take_python_stack(id);
         if self.announced.contains(&(tgid, id)) {
             return;
         }
+        if self.in_kernel.len() >= MAX_KERNEL_STACKS {
+            // Empty the kernel's map; stacks sampled again are interned and announced again.
+            kernel.forget_python_stacks(self.in_kernel.drain());
+            self.announced.clear();
+        }
+        let stack = kernel.python_stack(id);
+        self.in_kernel.insert(id);
         let Some(stack) = stack else {
             self.stats.unresolved_stacks += 1;
             return;

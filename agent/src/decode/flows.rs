@@ -710,6 +710,10 @@ impl FlowTable {
     fn tick(&mut self, out: &mut Vec<Decoded>) {
         for (key, flow) in self.flows.iter_mut() {
             for dir in [direction::INGRESS, direction::EGRESS] {
+                // Most streams hold nothing between drains: skip them without allocating.
+                if flow.streams[dir as usize].pending.is_empty() {
+                    continue;
+                }
                 let mut pieces = Vec::new();
                 flow.streams[dir as usize].tick(&mut pieces, &mut self.stats);
                 flow.decode(*key, dir, pieces, out);

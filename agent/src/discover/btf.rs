@@ -215,6 +215,22 @@ pub fn task_fsbase_offset() -> Result<u32, BtfError> {
     Btf::parse(&bytes)?.offset_of("task_struct", &["thread", "fsbase"])
 }
 
+/// Where the kernel keeps the mode of the file behind a task's fd (task -> files -> fdt ->
+/// fd[] -> f_inode -> i_mode), from the running kernel's BTF.
+pub fn file_offsets() -> Result<infertrace_common::FileOffsets, BtfError> {
+    let bytes = std::fs::read("/sys/kernel/btf/vmlinux")
+        .map_err(|e| BtfError::Read(format!("/sys/kernel/btf/vmlinux: {e}")))?;
+    let btf = Btf::parse(&bytes)?;
+    Ok(infertrace_common::FileOffsets {
+        task_files: btf.offset_of("task_struct", &["files"])?,
+        files_fdt: btf.offset_of("files_struct", &["fdt"])?,
+        fdt_max_fds: btf.offset_of("fdtable", &["max_fds"])?,
+        fdt_fd: btf.offset_of("fdtable", &["fd"])?,
+        file_inode: btf.offset_of("file", &["f_inode"])?,
+        inode_mode: btf.offset_of("inode", &["i_mode"])?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +301,14 @@ mod tests {
             }
         }
         assert!(Btf::parse(b"not btf at all").is_err());
+    }
+
+    #[test]
+    fn this_kernel_says_where_an_fds_file_type_is() {
+        let at = file_offsets().expect("the running kernel's BTF");
+        assert!(at.known(), "{at:?}");
+        // The two first members.
+        assert_eq!((at.fdt_max_fds, at.inode_mode), (0, 0), "{at:?}");
     }
 
     #[test]

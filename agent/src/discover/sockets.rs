@@ -95,7 +95,7 @@ impl SocketLookup {
             }) => Some(FdKind::Tcp {
                 local,
                 peer,
-                server_side: self.listening_ports(pid).contains(&local.port()),
+                server_side: self.listens_on(pid, local.port()),
                 listening,
             }),
             Ok(Inspected::Unix { path }) => Some(FdKind::Unix { path }),
@@ -106,16 +106,20 @@ impl SocketLookup {
         }
     }
 
-    fn listening_ports(&mut self, pid: u32) -> &[u16] {
+    /// Whether process `pid` listens on TCP port `port`. Reading a process's listening ports
+    /// walks all its fds and the connection table, so a port found once is trusted; a port
+    /// not found is looked up again, at most once per [`LISTENING_TTL`] (a new listener, or
+    /// an outgoing connection's ephemeral port).
+    fn listens_on(&mut self, pid: u32, port: u16) -> bool {
         let now = Instant::now();
         let entry = self
             .listening
             .entry(pid)
             .or_insert_with(|| (listening_ports(pid), now));
-        if now.duration_since(entry.1) > LISTENING_TTL {
+        if !entry.0.contains(&port) && now.duration_since(entry.1) > LISTENING_TTL {
             *entry = (listening_ports(pid), now);
         }
-        &entry.0
+        entry.0.contains(&port)
     }
 
     /// The process exited: drop what is known of it.

@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fmt::Write as _,
+    sync::Arc,
 };
 
 use crate::engines::common::well_known::{Phase, SampleKind, thread_role};
@@ -13,6 +14,8 @@ use crate::{decode::python::PySample, discover::python::CodeName};
 const MAX_STACKS_PER_THREAD: usize = 4096;
 /// Threads kept; samples of further threads are counted, not kept.
 const MAX_THREADS: usize = 4096;
+/// Distinct stacks whose label and kind are remembered; past it the memo starts again.
+const MAX_MEMO: usize = 16384;
 
 /// What one thread's samples showed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -26,7 +29,7 @@ pub struct ThreadProfile {
     /// Samples whose stack was cut (too deep, or unreadable part way).
     pub cut: u64,
     /// Folded stack (outermost frame first, `;`-separated) -> samples.
-    pub stacks: HashMap<String, u64>,
+    pub stacks: HashMap<Arc<str>, u64>,
     /// Samples per engine phase (engines/common/well_known.rs); the rest are `other` or `native`.
     pub phases: BTreeMap<Phase, u64>,
 }
@@ -47,7 +50,14 @@ pub struct Profile {
     pub threads: BTreeMap<(u32, u32), ThreadProfile>,
     /// Samples of threads past [`MAX_THREADS`].
     pub dropped: u64,
+    /// The folded label and kind of each stack the decoder interned, by its address: a
+    /// stack is sampled many times, and labelling it is most of a sample's cost. The entry
+    /// holds the stack, so that its address is not reused while it is a key.
+    memo: HashMap<usize, Labelled>,
 }
+
+/// An interned stack (held), its folded label and its kind.
+type Labelled = (Arc<Vec<CodeName>>, Arc<str>, SampleKind);
 
 /// `qualname (file:line)`, with `;` (the folded format's separator) replaced.
 fn frame_label(frame: &CodeName) -> String {
@@ -65,14 +75,16 @@ const OTHER_STACKS: &str = "[other stacks]";
 impl Profile {
     /// Count a sample; returns what it was doing (for the caller's metrics and iterations).
     pub fn add(&mut self, sample: &PySample) -> SampleKind {
-        let kind = SampleKind::of_sample(sample);
+        let (folded, kind) = self.labelled(sample);
         let key = (sample.tgid, sample.tid);
         if !self.threads.contains_key(&key) && self.threads.len() >= MAX_THREADS {
             self.dropped += 1;
             return kind;
         }
         let thread = self.threads.entry(key).or_default();
-        thread.name.clone_from(&sample.thread);
+        if thread.name != sample.thread {
+            thread.name.clone_from(&sample.thread);
+        }
         if thread.role.is_none() {
             thread.role = thread_role(&sample.thread, &sample.stack);
         }
@@ -81,18 +93,12 @@ impl Profile {
         if let SampleKind::Phase(phase) = kind {
             *thread.phases.entry(phase).or_default() += 1;
         }
-        let folded = if sample.unknown_stack {
-            UNKNOWN_STACK.to_string()
-        } else if sample.stack.is_empty() {
+        if !sample.unknown_stack && sample.stack.is_empty() {
             thread.without_python += 1;
-            NO_PYTHON.to_string()
-        } else {
-            let labels: Vec<String> = sample.stack.iter().rev().map(frame_label).collect();
-            labels.join(";")
-        };
+        }
         let full = thread.stacks.len() >= MAX_STACKS_PER_THREAD;
         let slot = if full && !thread.stacks.contains_key(&folded) {
-            OTHER_STACKS.to_string()
+            Arc::from(OTHER_STACKS)
         } else {
             folded
         };
@@ -100,12 +106,35 @@ impl Profile {
         kind
     }
 
+    /// The sample's folded stack and kind, computed once per interned stack.
+    fn labelled(&mut self, sample: &PySample) -> (Arc<str>, SampleKind) {
+        if sample.unknown_stack {
+            return (Arc::from(UNKNOWN_STACK), SampleKind::Unknown);
+        }
+        if sample.stack.is_empty() {
+            return (Arc::from(NO_PYTHON), SampleKind::Native);
+        }
+        let address = Arc::as_ptr(&sample.stack) as usize;
+        if let Some((_, folded, kind)) = self.memo.get(&address) {
+            return (folded.clone(), *kind);
+        }
+        let labels: Vec<String> = sample.stack.iter().rev().map(frame_label).collect();
+        let folded: Arc<str> = Arc::from(labels.join(";"));
+        let kind = SampleKind::of_sample(sample);
+        if self.memo.len() >= MAX_MEMO {
+            self.memo.clear();
+        }
+        self.memo
+            .insert(address, (sample.stack.clone(), folded.clone(), kind));
+        (folded, kind)
+    }
+
     /// Folded stacks, one line per (thread, stack):
     /// `pid;thread [role] (tid);outer;...;inner count` (no `[role]` when it is not known).
     pub fn folded(&self) -> String {
         let mut out = String::new();
         for ((pid, tid), thread) in &self.threads {
-            let mut stacks: Vec<(&String, &u64)> = thread.stacks.iter().collect();
+            let mut stacks: Vec<(&Arc<str>, &u64)> = thread.stacks.iter().collect();
             stacks.sort();
             let label = thread.label().replace(';', ":");
             for (stack, count) in stacks {
@@ -146,7 +175,7 @@ impl Profile {
                     .collect();
                 let _ = writeln!(out, "  phases: {}", shares.join(", "));
             }
-            let mut stacks: Vec<(&String, &u64)> = thread.stacks.iter().collect();
+            let mut stacks: Vec<(&Arc<str>, &u64)> = thread.stacks.iter().collect();
             stacks.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
             for (stack, count) in stacks.into_iter().take(top) {
                 let share = *count as f64 * 100.0 / thread.samples.max(1) as f64;
