@@ -164,6 +164,33 @@ impl PyValue {
         let data = state.as_deref().and_then(instance_fields)?;
         Some((module, name, data))
     }
+
+    /// [`PyValue::instance`] by value: (module, class name, fields), the fields moved out
+    /// rather than copied (an SGLang batch's fields are most of the message).
+    pub fn into_instance(self) -> Option<(String, String, PyValue)> {
+        let (module, name, reconstructed) = {
+            let (module, name, fields) = self.instance()?;
+            let PyValue::Object { args, .. } = &self else {
+                return None;
+            };
+            // Which of the two places `instance` found the fields in.
+            let in_args =
+                matches!(args.as_seq(), Some([_, data, ..]) if std::ptr::eq(data, fields));
+            (module.to_owned(), name.to_owned(), in_args)
+        };
+        let PyValue::Object { args, state, .. } = self else {
+            return None;
+        };
+        let fields = if reconstructed {
+            match *args {
+                PyValue::List(items) | PyValue::Tuple(items) => items.into_iter().nth(1)?,
+                _ => return None,
+            }
+        } else {
+            into_instance_fields(*state?)?
+        };
+        Some((module, name, fields))
+    }
 }
 
 fn global_name(v: &PyValue) -> Option<(&str, &str)> {
@@ -173,15 +200,40 @@ fn global_name(v: &PyValue) -> Option<(&str, &str)> {
     }
 }
 
-/// The field dict of an instance state: a dict, or the non-empty dict of `(dict, slots)`
-/// (classes with `__slots__`).
-fn instance_fields(v: &PyValue) -> Option<&PyValue> {
+/// Where an instance state keeps its field dict.
+enum FieldsAt {
+    /// The state is the dict.
+    Whole,
+    /// The state is `(dict, slots)` (classes with `__slots__`): the item that is the dict
+    /// (the non-empty one when both are dicts).
+    Item(usize),
+}
+
+fn fields_at(v: &PyValue) -> Option<FieldsAt> {
     match v {
-        PyValue::Dict(_) => Some(v),
+        PyValue::Dict(_) => Some(FieldsAt::Whole),
         PyValue::Tuple(pair) if pair.len() == 2 => pair
             .iter()
-            .find(|p| matches!(p, PyValue::Dict(d) if !d.is_empty()))
-            .or_else(|| pair.iter().find(|p| matches!(p, PyValue::Dict(_)))),
+            .position(|p| matches!(p, PyValue::Dict(d) if !d.is_empty()))
+            .or_else(|| pair.iter().position(|p| matches!(p, PyValue::Dict(_))))
+            .map(FieldsAt::Item),
+        _ => None,
+    }
+}
+
+/// The field dict of an instance state.
+fn instance_fields(v: &PyValue) -> Option<&PyValue> {
+    match fields_at(v)? {
+        FieldsAt::Whole => Some(v),
+        FieldsAt::Item(i) => v.as_seq()?.get(i),
+    }
+}
+
+/// The field dict of an instance state, taken out of it.
+fn into_instance_fields(v: PyValue) -> Option<PyValue> {
+    match (fields_at(&v)?, v) {
+        (FieldsAt::Whole, v) => Some(v),
+        (FieldsAt::Item(i), PyValue::Tuple(items)) => items.into_iter().nth(i),
         _ => None,
     }
 }
@@ -939,7 +991,35 @@ mod tests {
                 Some(0.0)
             );
             assert_eq!(fields.get("stream"), Some(&PyValue::Bool(true)));
+            assert_same_by_value(&v);
         }
+    }
+
+    #[test]
+    fn a_slots_state_gives_its_non_empty_dict() {
+        let field = || PyValue::Dict(vec![(PyValue::Str("a".into()), PyValue::Int(1))]);
+        let v = PyValue::Object {
+            callable: Box::new(PyValue::Global {
+                module: "m".into(),
+                name: "C".into(),
+            }),
+            args: Box::new(PyValue::Tuple(vec![])),
+            state: Some(Box::new(PyValue::Tuple(vec![
+                PyValue::Dict(vec![]),
+                field(),
+            ]))),
+            items: vec![],
+            entries: vec![],
+        };
+        assert_eq!(v.instance(), Some(("m", "C", &field())));
+        assert_same_by_value(&v);
+    }
+
+    /// `into_instance` takes out what `instance` shows.
+    fn assert_same_by_value(v: &PyValue) {
+        let (module, class, fields) = v.instance().expect("an instance");
+        let owned = (module.to_owned(), class.to_owned(), fields.clone());
+        assert_eq!(v.clone().into_instance(), Some(owned));
     }
 
     #[test]
@@ -1045,6 +1125,7 @@ mod tests {
             fields.get("rids"),
             Some(&PyValue::List(vec![PyValue::Str("r1".into())]))
         );
+        assert_same_by_value(&v);
         // os.system("x") is just a name and an argument.
         let v = loads(b"cos\nsystem\n(S'x'\ntR.", &[]).unwrap();
         assert_eq!(

@@ -462,11 +462,8 @@ impl SglangDecoder {
 
 /// A pickled io_struct instance as (class, field dict).
 fn pickled_fields(data: &[u8], buffers: &[Vec<u8>]) -> Result<(String, PyValue), SglangError> {
-    let value = pickle::loads(data, buffers)?;
-    match value.instance() {
-        Some((module, class, fields)) if module == IO_STRUCT_MODULE => {
-            Ok((class.to_owned(), fields.clone()))
-        }
+    match pickle::loads(data, buffers)?.into_instance() {
+        Some((module, class, fields)) if module == IO_STRUCT_MODULE => Ok((class, fields)),
         _ => Err(SglangError::Field("message", "io_struct instance")),
     }
 }
