@@ -198,51 +198,41 @@ const S_IFMT: u16 = 0o170000;
 const S_IFREG: u16 = 0o100000;
 const S_IFDIR: u16 = 0o040000;
 
-/// Whether the current task's fd `fd` is a regular file or a directory: task -> files ->
-/// fdt -> fd[fd] -> f_inode -> i_mode, at the offsets userspace found in the kernel's BTF.
-/// False when they are unknown or a read fails (the fd is then copied as any other).
+/// Whether the current task's fd `fd` is a regular file or a directory. False when the
+/// offsets are unknown or a read fails (the fd is then copied as any other).
 fn is_file(fd: u32) -> bool {
+    file_mode(fd).is_some_and(|mode| matches!(mode & S_IFMT, S_IFREG | S_IFDIR))
+}
+
+/// The inode mode behind the current task's fd `fd`: task -> files -> fdt -> fd[fd] ->
+/// f_inode -> i_mode, at the offsets userspace found in the kernel's BTF.
+fn file_mode(fd: u32) -> Option<u16> {
     let at = config().file_offsets;
     if !at.known() {
-        return false;
+        return None;
     }
-    // SAFETY: kernel pointers read with the fault-tolerant helper; the fd index is checked
-    // against the table's size first.
-    unsafe {
-        let task = bpf_get_current_task();
-        let Ok(files) = bpf_probe_read_kernel((task + u64::from(at.task_files)) as *const u64)
-        else {
-            return false;
-        };
-        let Ok(fdt) = bpf_probe_read_kernel((files + u64::from(at.files_fdt)) as *const u64) else {
-            return false;
-        };
-        let Ok(max_fds) = bpf_probe_read_kernel((fdt + u64::from(at.fdt_max_fds)) as *const u32)
-        else {
-            return false;
-        };
-        if fd >= max_fds {
-            return false;
-        }
-        let Ok(table) = bpf_probe_read_kernel((fdt + u64::from(at.fdt_fd)) as *const u64) else {
-            return false;
-        };
-        let Ok(file) = bpf_probe_read_kernel((table + u64::from(fd) * 8) as *const u64) else {
-            return false;
-        };
-        if file == 0 {
-            return false;
-        }
-        let Ok(inode) = bpf_probe_read_kernel((file + u64::from(at.file_inode)) as *const u64)
-        else {
-            return false;
-        };
-        let Ok(mode) = bpf_probe_read_kernel((inode + u64::from(at.inode_mode)) as *const u16)
-        else {
-            return false;
-        };
-        matches!(mode & S_IFMT, S_IFREG | S_IFDIR)
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    let files: u64 = read_kernel(task + u64::from(at.task_files))?;
+    let fdt: u64 = read_kernel(files + u64::from(at.files_fdt))?;
+    let max_fds: u32 = read_kernel(fdt + u64::from(at.fdt_max_fds))?;
+    if fd >= max_fds {
+        return None;
     }
+    let table: u64 = read_kernel(fdt + u64::from(at.fdt_fd))?;
+    let file: u64 = read_kernel(table + u64::from(fd) * 8)?;
+    if file == 0 {
+        return None;
+    }
+    let inode: u64 = read_kernel(file + u64::from(at.file_inode))?;
+    read_kernel(inode + u64::from(at.inode_mode))
+}
+
+/// A kernel value at `at`.
+#[inline(always)]
+fn read_kernel<T>(at: u64) -> Option<T> {
+    // SAFETY: read by the fault-tolerant helper (fails, never faults).
+    unsafe { bpf_probe_read_kernel(at as *const T) }.ok()
 }
 
 fn on_exit(ctx: &TracePointContext) -> u32 {

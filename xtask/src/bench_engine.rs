@@ -21,7 +21,11 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{bench::number_before, engine::Engine, root, run};
+use crate::{
+    bench::number_before,
+    engine::{Engine, stat_fields},
+    root, run,
+};
 
 pub struct BenchOptions {
     /// Runs per configuration (alternating).
@@ -246,13 +250,8 @@ fn measure(agent: &Path, bench: &Bench, options: &BenchOptions) -> anyhow::Resul
 
 /// CPU seconds (user + system) a process has used, from /proc/PID/stat.
 fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces), from field 3 (state) on.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
+    let fields = stat_fields(pid).with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // utime and stime are fields 14 and 15 (indices 11 and 12 from the state on).
     let ticks = |i: usize| -> anyhow::Result<f64> {
         Ok(fields
             .get(i)
@@ -261,7 +260,6 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     };
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    // utime and stime are fields 14 and 15 (indices 11 and 12 after the state).
     Ok((ticks(11)? + ticks(12)?) / hz)
 }
 

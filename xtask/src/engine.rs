@@ -258,7 +258,7 @@ fn signal(name: &str, pids: &[u32]) {
 }
 
 /// `/proc/PID/stat` fields after the command name: state, ppid, ...
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     Some(rest.split_whitespace().map(str::to_string).collect())

@@ -145,6 +145,33 @@ impl PyValue {
     /// plain classes; also `(dict, slots)` states), or `f(cls, dict)` reconstructors such as
     /// msgspec's `rebuild` and `copyreg._reconstructor`. Returns (module, class name, fields).
     pub fn instance(&self) -> Option<(&str, &str, &PyValue)> {
+        let (module, name, _, holder) = self.instance_parts()?;
+        Some((module, name, instance_fields(holder)?))
+    }
+
+    /// [`PyValue::instance`] by value: (module, class name, fields), the fields moved out
+    /// rather than copied (an SGLang batch's fields are most of the message).
+    pub fn into_instance(self) -> Option<(String, String, PyValue)> {
+        let (module, name, held_in) = self
+            .instance_parts()
+            .map(|(module, name, held_in, _)| (module.to_owned(), name.to_owned(), held_in))?;
+        let PyValue::Object { args, state, .. } = self else {
+            return None;
+        };
+        let holder = match (held_in, *args) {
+            (HeldIn::Args, PyValue::List(items) | PyValue::Tuple(items)) => {
+                items.into_iter().nth(1)?
+            }
+            (HeldIn::State, _) => *state?,
+            _ => return None,
+        };
+        Some((module, name, into_instance_fields(holder)?))
+    }
+
+    /// The class, and where the instance's fields are held (with that value): the
+    /// reconstructor's second argument, else the state. For [`PyValue::instance`] and
+    /// [`PyValue::into_instance`].
+    fn instance_parts(&self) -> Option<(&str, &str, HeldIn, &PyValue)> {
         let PyValue::Object {
             callable,
             args,
@@ -156,41 +183,22 @@ impl PyValue {
         };
         // f(cls, fields) reconstructors.
         if let Some([cls, data, ..]) = args.as_seq()
-            && let (Some((module, name)), Some(data)) = (global_name(cls), instance_fields(data))
+            && let Some((module, name)) = global_name(cls)
+            && fields_at(data).is_some()
         {
-            return Some((module, name, data));
+            return Some((module, name, HeldIn::Args, data));
         }
         let (module, name) = global_name(callable)?;
-        let data = state.as_deref().and_then(instance_fields)?;
-        Some((module, name, data))
+        let state = state.as_deref().filter(|s| fields_at(s).is_some())?;
+        Some((module, name, HeldIn::State, state))
     }
+}
 
-    /// [`PyValue::instance`] by value: (module, class name, fields), the fields moved out
-    /// rather than copied (an SGLang batch's fields are most of the message).
-    pub fn into_instance(self) -> Option<(String, String, PyValue)> {
-        let (module, name, reconstructed) = {
-            let (module, name, fields) = self.instance()?;
-            let PyValue::Object { args, .. } = &self else {
-                return None;
-            };
-            // Which of the two places `instance` found the fields in.
-            let in_args =
-                matches!(args.as_seq(), Some([_, data, ..]) if std::ptr::eq(data, fields));
-            (module.to_owned(), name.to_owned(), in_args)
-        };
-        let PyValue::Object { args, state, .. } = self else {
-            return None;
-        };
-        let fields = if reconstructed {
-            match *args {
-                PyValue::List(items) | PyValue::Tuple(items) => items.into_iter().nth(1)?,
-                _ => return None,
-            }
-        } else {
-            into_instance_fields(*state?)?
-        };
-        Some((module, name, fields))
-    }
+/// Where an instance's fields are held: `f(cls, fields)`'s second argument, or BUILD's state.
+#[derive(Clone, Copy)]
+enum HeldIn {
+    Args,
+    State,
 }
 
 fn global_name(v: &PyValue) -> Option<(&str, &str)> {
@@ -1013,6 +1021,25 @@ mod tests {
         };
         assert_eq!(v.instance(), Some(("m", "C", &field())));
         assert_same_by_value(&v);
+        // The same state handed to a reconstructor, f(cls, (dict, slots)).
+        let PyValue::Object {
+            callable, state, ..
+        } = v
+        else {
+            unreachable!()
+        };
+        let reconstructed = PyValue::Object {
+            callable: Box::new(PyValue::Global {
+                module: "copyreg".into(),
+                name: "_reconstructor".into(),
+            }),
+            args: Box::new(PyValue::Tuple(vec![*callable, *state.unwrap()])),
+            state: None,
+            items: vec![],
+            entries: vec![],
+        };
+        assert_eq!(reconstructed.instance(), Some(("m", "C", &field())));
+        assert_same_by_value(&reconstructed);
     }
 
     /// `into_instance` takes out what `instance` shows.

@@ -210,25 +210,29 @@ impl<'a> Btf<'a> {
 /// Where a task's TLS base (`task_struct.thread.fsbase`, x86-64) lies in `task_struct`, from
 /// the running kernel's BTF.
 pub fn task_fsbase_offset() -> Result<u32, BtfError> {
-    let bytes = std::fs::read("/sys/kernel/btf/vmlinux")
-        .map_err(|e| BtfError::Read(format!("/sys/kernel/btf/vmlinux: {e}")))?;
-    Btf::parse(&bytes)?.offset_of("task_struct", &["thread", "fsbase"])
+    with_kernel_btf(|btf| btf.offset_of("task_struct", &["thread", "fsbase"]))
 }
 
 /// Where the kernel keeps the mode of the file behind a task's fd (task -> files -> fdt ->
 /// fd[] -> f_inode -> i_mode), from the running kernel's BTF.
 pub fn file_offsets() -> Result<infertrace_common::FileOffsets, BtfError> {
+    with_kernel_btf(|btf| {
+        Ok(infertrace_common::FileOffsets {
+            task_files: btf.offset_of("task_struct", &["files"])?,
+            files_fdt: btf.offset_of("files_struct", &["fdt"])?,
+            fdt_max_fds: btf.offset_of("fdtable", &["max_fds"])?,
+            fdt_fd: btf.offset_of("fdtable", &["fd"])?,
+            file_inode: btf.offset_of("file", &["f_inode"])?,
+            inode_mode: btf.offset_of("inode", &["i_mode"])?,
+        })
+    })
+}
+
+/// `answer` asked of the running kernel's BTF (`/sys/kernel/btf/vmlinux`).
+fn with_kernel_btf<T>(answer: impl FnOnce(&Btf) -> Result<T, BtfError>) -> Result<T, BtfError> {
     let bytes = std::fs::read("/sys/kernel/btf/vmlinux")
         .map_err(|e| BtfError::Read(format!("/sys/kernel/btf/vmlinux: {e}")))?;
-    let btf = Btf::parse(&bytes)?;
-    Ok(infertrace_common::FileOffsets {
-        task_files: btf.offset_of("task_struct", &["files"])?,
-        files_fdt: btf.offset_of("files_struct", &["fdt"])?,
-        fdt_max_fds: btf.offset_of("fdtable", &["max_fds"])?,
-        fdt_fd: btf.offset_of("fdtable", &["fd"])?,
-        file_inode: btf.offset_of("file", &["f_inode"])?,
-        inode_mode: btf.offset_of("inode", &["i_mode"])?,
-    })
+    answer(&Btf::parse(&bytes)?)
 }
 
 #[cfg(test)]
