@@ -26,9 +26,8 @@ use crate::{
     pipeline::Pipeline,
 };
 
-/// How often a live session asks /proc whether the attached processes still run: reading a
-/// busy engine's `/proc/PID/status` costs hundreds of microseconds, a fifth of the agent's CPU
-/// when it was asked at every drain (BENCHMARKS.md).
+/// How often a live session checks whether the attached processes still run (one `poll` of
+/// their pidfds: `procfs::ExitWatch`).
 const EXIT_CHECK: Duration = Duration::from_millis(500);
 /// How often node mode scans /proc for servers whose exec it did not see as a server's (a
 /// program that becomes one later, e.g. a script that imports the engine).
@@ -257,6 +256,7 @@ pub async fn run_live(
     );
     tokio::pin!(deadline);
     let mut events = initial;
+    let exits = procfs::ExitWatch::new(&pids);
     let mut checked_exit = Instant::now();
     let mut scanned = Instant::now();
     loop {
@@ -310,7 +310,7 @@ pub async fn run_live(
         }
         if node.is_none() && !stop && checked_exit.elapsed() >= EXIT_CHECK {
             checked_exit = Instant::now();
-            if pids.iter().all(|&pid| !procfs::is_running(pid)) {
+            if exits.all_exited() {
                 tracing::info!("all attached processes have exited");
                 stop = true;
             }

@@ -1,9 +1,10 @@
 //! Fuzzes the restricted pickle decoder: arbitrary bytes as one pickle, with the first byte
-//! choosing how many out-of-band buffers (protocol 5) are supplied. It must return a value or
-//! an error, within its bounds, and never panic.
+//! choosing how many out-of-band buffers (protocol 5) are supplied, and whether only some
+//! fields of an instance are built (SGLang's decoder). It must return a value or an error,
+//! within its bounds, and never panic.
 #![no_main]
 
-use infertrace::decode::pickle::loads;
+use infertrace::decode::pickle::{loads, loads_keeping};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -11,7 +12,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let buffers: Vec<Vec<u8>> = (0..config % 4).map(|i| vec![i; usize::from(i)]).collect();
-    if let Ok(value) = loads(pickle, &buffers) {
+    let decoded = if config & 4 != 0 {
+        loads_keeping(pickle, &buffers, &|name| name.len() % 2 == 0)
+    } else {
+        loads(pickle, &buffers)
+    };
+    if let Ok(value) = decoded {
         // Reading it back as an instance must not panic either.
         let _ = value.instance();
     }

@@ -14,7 +14,10 @@ use std::{
 };
 
 use super::kernel::{KernelCapture, ProbedLibrary};
-use crate::discover::uprobe_sites::{ProbeSite, SiteCost};
+use crate::discover::{
+    procfs,
+    uprobe_sites::{ProbeSite, SiteCost},
+};
 
 /// First and longest wait before looking at a process's maps again.
 const FIRST_LOOK: Duration = Duration::from_millis(250);
@@ -67,6 +70,10 @@ pub trait Probed {
 struct Waiting {
     next_look: Instant,
     interval: Duration,
+    /// The process's address-space size at the last look. Loading a library maps it, which
+    /// changes the size: while the size stays the same the maps need not be read again
+    /// (reading them formats every mapping's path, milliseconds for a torch process).
+    size_at_last_look: Option<u64>,
 }
 
 pub struct LibraryWatch<L> {
@@ -101,6 +108,7 @@ impl<L: Probed> LibraryWatch<L> {
                 Waiting {
                     next_look: Instant::now(),
                     interval: FIRST_LOOK,
+                    size_at_last_look: None,
                 },
             );
         }
@@ -126,11 +134,16 @@ impl<L: Probed> LibraryWatch<L> {
                 self.waiting.remove(&pid);
                 continue;
             }
-            let Some(path) = L::find(pid) else {
-                if let Some(w) = self.waiting.get_mut(&pid) {
-                    w.next_look = now + w.interval;
-                    w.interval = (w.interval * 2).min(LONGEST_LOOK);
-                }
+            let Some(waiting) = self.waiting.get_mut(&pid) else {
+                continue;
+            };
+            let size = procfs::address_space_size(pid);
+            let unchanged = size.is_some() && size == waiting.size_at_last_look;
+            let found = if unchanged { None } else { L::find(pid) };
+            let Some(path) = found else {
+                waiting.size_at_last_look = size;
+                waiting.next_look = now + waiting.interval;
+                waiting.interval = (waiting.interval * 2).min(LONGEST_LOOK);
                 continue;
             };
             self.waiting.remove(&pid);

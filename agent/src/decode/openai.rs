@@ -3,8 +3,9 @@
 //!
 //! Only fields that are present are reported: an absent `temperature` stays absent here (the
 //! engine's own value is reported on `llm_request`, from the engine's message).
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap};
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::http::HttpExchange;
@@ -57,6 +58,41 @@ pub struct Usage {
     pub input: Option<u64>,
     pub output: Option<u64>,
     pub total: Option<u64>,
+}
+
+/// What is read of one chunk of a streamed response. Typed and borrowed: a stream's chunks
+/// (one per token) are most of the JSON the agent parses, and building a `Value` of each, every
+/// key and string allocated, was most of that cost. The rare parts (usage, errors, tool calls)
+/// stay `Value`s.
+#[derive(Deserialize)]
+struct StreamChunk<'a> {
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    usage: Option<Value>,
+    error: Option<Value>,
+    #[serde(borrow)]
+    choices: Option<Vec<ChunkChoice<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice<'a> {
+    index: Option<u64>,
+    #[serde(borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    delta: Option<ChunkDelta<'a>>,
+    /// A text completion's generated text.
+    #[serde(borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkDelta<'a> {
+    #[serde(borrow)]
+    content: Option<Cow<'a, str>>,
+    tool_calls: Option<Value>,
 }
 
 /// One API call, as seen on the wire.
@@ -137,8 +173,8 @@ impl ApiCall {
             if response.is_event_stream() {
                 let mut texts = BTreeMap::new();
                 for event in &response.sse_events {
-                    if let Ok(chunk) = serde_json::from_str::<Value>(&event.data)
-                        && call.read_chunk(&chunk, &mut texts)
+                    if let Ok(chunk) = serde_json::from_str::<StreamChunk>(&event.data)
+                        && call.read_chunk(chunk, &mut texts)
                     {
                         call.content_event_ns.push(event.ts_ns);
                     }
@@ -231,41 +267,34 @@ impl ApiCall {
 
     /// One SSE chunk; true when it carried generated content, which is appended to `texts`
     /// (per choice index).
-    fn read_chunk(&mut self, chunk: &Value, texts: &mut BTreeMap<u64, String>) -> bool {
-        let str_of = |key: &str| chunk.get(key).and_then(Value::as_str).map(str::to_owned);
+    fn read_chunk(&mut self, chunk: StreamChunk, texts: &mut BTreeMap<u64, String>) -> bool {
         if self.response_id.is_none() {
-            self.response_id = str_of("id");
-            self.response_model = str_of("model");
+            self.response_id = chunk.id.map(Cow::into_owned);
+            self.response_model = chunk.model.map(Cow::into_owned);
         }
-        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+        if let Some(usage) = &chunk.usage {
             self.read_usage(usage);
         }
-        if let Some(error) = chunk.get("error") {
+        if let Some(error) = &chunk.error {
             self.error = error
                 .get("message")
                 .and_then(Value::as_str)
                 .map(str::to_owned);
         }
         let mut content = false;
-        for choice in chunk
-            .get("choices")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-                self.finish_reasons.push(reason.to_owned());
+        for choice in chunk.choices.into_iter().flatten() {
+            if let Some(reason) = choice.finish_reason {
+                self.finish_reasons.push(reason.into_owned());
             }
-            let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
-            let delta = choice.get("delta");
-            self.read_tool_calls(index, delta.and_then(|d| d.get("tool_calls")));
-            let text = delta
-                .and_then(|d| d.get("content"))
-                .or_else(|| choice.get("text"))
-                .and_then(Value::as_str);
-            if let Some(text) = text.filter(|t| !t.is_empty()) {
+            let index = choice.index.unwrap_or(0);
+            let (delta_text, calls) = match choice.delta {
+                Some(delta) => (delta.content, delta.tool_calls),
+                None => (None, None),
+            };
+            self.read_tool_calls(index, calls.as_ref());
+            if let Some(text) = delta_text.or(choice.text).filter(|t| !t.is_empty()) {
                 content = true;
-                texts.entry(index).or_default().push_str(text);
+                texts.entry(index).or_default().push_str(&text);
             }
         }
         content
@@ -380,9 +409,10 @@ mod tests {
         let resp = e.response.as_mut().unwrap();
         resp.headers = vec![("content-type".into(), b"text/event-stream".to_vec())];
         let chunks = [
-            r#"{"id":"cmpl-9","model":"tiny","choices":[{"index":0,"text":"he","finish_reason":null}]}"#,
+            r#"{"id":"cmpl-9","model":"tiny","usage":null,"choices":[{"index":0,"text":"h\u0065","logprobs":{"tokens":["he"]},"finish_reason":null}]}"#,
             r#"{"id":"cmpl-9","model":"tiny","choices":[{"index":0,"text":"llo","finish_reason":"length"}]}"#,
             r#"{"id":"cmpl-9","model":"tiny","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#,
+            r#"{"error":{"message":"boom","code":500}}"#,
             "[DONE]",
         ];
         resp.sse_events = chunks
@@ -405,6 +435,7 @@ mod tests {
             call.output_messages.as_deref(),
             Some(r#"[{"content":"hello","role":"assistant"}]"#)
         );
+        assert_eq!(call.error.as_deref(), Some("boom"));
     }
 
     #[test]

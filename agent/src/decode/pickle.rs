@@ -275,28 +275,62 @@ struct Machine<'a> {
     at: usize,
     nodes: Vec<Node>,
     stack: Vec<Slot>,
-    /// PUT/MEMOIZE key -> node.
-    memo: HashMap<u64, usize>,
+    /// PUT/MEMOIZE key -> node. Python's pickler numbers memo entries 0, 1, 2, ..., so they
+    /// are kept in a vector; a key out of that order (another pickler) goes to the map.
+    memo: Vec<usize>,
+    memo_elsewhere: HashMap<u64, usize>,
     buffers: &'a [Vec<u8>],
     next_buffer: usize,
 }
 
 /// Decode one pickle. `buffers` are the out-of-band buffers sent next to it (protocol 5).
 pub fn loads(data: &[u8], buffers: &[Vec<u8>]) -> Result<PyValue, PickleError> {
-    loads_within(data, buffers, MAX_EXPANDED_BYTES)
+    loads_within(data, buffers, MAX_EXPANDED_BYTES, None)
+}
+
+/// Decode one pickle of an object, of whose field dict only the fields `keep` accepts are
+/// built (the others are left out). An SGLang batch carries dozens of per-request columns
+/// (texts, logprobs) of which the agent reads a few, and building all of them was a third of
+/// its CPU. The field dict is any dict among the object's arguments and state, directly or
+/// in a tuple there (the places `PyValue::instance` looks); nothing deeper is filtered.
+pub fn loads_keeping(
+    data: &[u8],
+    buffers: &[Vec<u8>],
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<PyValue, PickleError> {
+    let fields = FieldFilter { keep, levels: 2 };
+    loads_within(data, buffers, MAX_EXPANDED_BYTES, Some(fields))
+}
+
+/// Which dict entries `Machine::expand` builds: those `keep` accepts, in dicts at most
+/// `levels` containers below the value it is given to.
+#[derive(Clone, Copy)]
+struct FieldFilter<'k> {
+    keep: &'k dyn Fn(&str) -> bool,
+    levels: u8,
+}
+
+impl FieldFilter<'_> {
+    /// The filter for a container's children.
+    fn below(self) -> Option<Self> {
+        let levels = self.levels.checked_sub(1)?;
+        Some(Self { levels, ..self })
+    }
 }
 
 fn loads_within(
     data: &[u8],
     buffers: &[Vec<u8>],
     max_expanded: usize,
+    fields: Option<FieldFilter>,
 ) -> Result<PyValue, PickleError> {
     let mut m = Machine {
         data,
         at: 0,
         nodes: Vec::new(),
         stack: Vec::new(),
-        memo: HashMap::new(),
+        memo: Vec::new(),
+        memo_elsewhere: HashMap::new(),
         buffers,
         next_buffer: 0,
     };
@@ -306,7 +340,7 @@ fn loads_within(
     if m.expanded_size(top, 0, &mut sizes)? > max_expanded {
         return Err(PickleError::TooLarge("expanded result"));
     }
-    m.expand(top, 0)
+    m.expand(top, 0, fields)
 }
 
 impl Machine<'_> {
@@ -452,17 +486,27 @@ impl Machine<'_> {
 
     fn memo_put(&mut self, key: u64) -> Result<(), PickleError> {
         let id = self.top()?;
-        if self.memo.len() >= MAX_NODES {
+        if self.memo_len() >= MAX_NODES {
             return Err(PickleError::TooLarge("memo"));
         }
-        self.memo.insert(key, id);
+        match usize::try_from(key) {
+            Ok(k) if k < self.memo.len() => self.memo[k] = id,
+            Ok(k) if k == self.memo.len() => self.memo.push(id),
+            _ => {
+                self.memo_elsewhere.insert(key, id);
+            }
+        }
         Ok(())
     }
 
+    fn memo_len(&self) -> usize {
+        self.memo.len() + self.memo_elsewhere.len()
+    }
+
     fn memo_get(&mut self, key: u64) -> Result<(), PickleError> {
-        let id = *self
-            .memo
-            .get(&key)
+        let in_order = usize::try_from(key).ok().and_then(|k| self.memo.get(k));
+        let id = *in_order
+            .or_else(|| self.memo_elsewhere.get(&key))
             .ok_or(PickleError::Malformed("memo key not found", self.at))?;
         self.stack.push(Slot::Value(id));
         Ok(())
@@ -725,7 +769,7 @@ impl Machine<'_> {
                     self.memo_put(key)?
                 }
                 0x94 => {
-                    let key = self.memo.len() as u64;
+                    let key = self.memo_len() as u64;
                     self.memo_put(key)?
                 }
                 b'g' => {
@@ -793,25 +837,52 @@ impl Machine<'_> {
         Ok(size)
     }
 
-    /// The value of node `id`, once `expanded_size` has found the whole result within bounds.
-    fn expand(&self, id: usize, depth: usize) -> Result<PyValue, PickleError> {
+    /// The value of node `id`, once `expanded_size` has found the whole result within bounds;
+    /// `fields` leaves entries out of the dicts it reaches.
+    fn expand(
+        &self,
+        id: usize,
+        depth: usize,
+        fields: Option<FieldFilter>,
+    ) -> Result<PyValue, PickleError> {
         if depth > MAX_DEPTH {
             return Err(PickleError::TooDeep);
         }
-        let many = |ids: &[usize]| -> Result<Vec<PyValue>, PickleError> {
-            ids.iter().map(|&i| self.expand(i, depth + 1)).collect()
+        let below = fields.and_then(FieldFilter::below);
+        let many = |ids: &[usize], filter: Option<FieldFilter>| {
+            ids.iter()
+                .map(|&i| self.expand(i, depth + 1, filter))
+                .collect::<Result<Vec<_>, PickleError>>()
         };
         let pairs = |ids: &[(usize, usize)]| {
             ids.iter()
-                .map(|&(k, v)| Ok((self.expand(k, depth + 1)?, self.expand(v, depth + 1)?)))
+                .map(|&(k, v)| {
+                    Ok((
+                        self.expand(k, depth + 1, None)?,
+                        self.expand(v, depth + 1, None)?,
+                    ))
+                })
                 .collect::<Result<Vec<_>, PickleError>>()
         };
         Ok(match &self.nodes[id] {
             Node::Leaf(v) => v.clone(),
-            Node::List(ids) => PyValue::List(many(ids)?),
-            Node::Tuple(ids) => PyValue::Tuple(many(ids)?),
-            Node::Set(ids) => PyValue::Set(many(ids)?),
-            Node::Dict(ids) => PyValue::Dict(pairs(ids)?),
+            Node::List(ids) => PyValue::List(many(ids, below)?),
+            Node::Tuple(ids) => PyValue::Tuple(many(ids, below)?),
+            Node::Set(ids) => PyValue::Set(many(ids, None)?),
+            Node::Dict(ids) => match fields {
+                Some(filter) => {
+                    let kept: Vec<(usize, usize)> = ids
+                        .iter()
+                        .copied()
+                        .filter(|&(k, _)| match &self.nodes[k] {
+                            Node::Leaf(PyValue::Str(name)) => (filter.keep)(name),
+                            _ => true,
+                        })
+                        .collect();
+                    PyValue::Dict(pairs(&kept)?)
+                }
+                None => PyValue::Dict(pairs(ids)?),
+            },
             Node::Object {
                 callable,
                 args,
@@ -819,13 +890,13 @@ impl Machine<'_> {
                 items,
                 entries,
             } => PyValue::Object {
-                callable: Box::new(self.expand(*callable, depth + 1)?),
-                args: Box::new(self.expand(*args, depth + 1)?),
+                callable: Box::new(self.expand(*callable, depth + 1, None)?),
+                args: Box::new(self.expand(*args, depth + 1, below)?),
                 state: match state {
-                    Some(s) => Some(Box::new(self.expand(*s, depth + 1)?)),
+                    Some(s) => Some(Box::new(self.expand(*s, depth + 1, below)?)),
                     None => None,
                 },
-                items: many(items)?,
+                items: many(items, None)?,
                 entries: pairs(entries)?,
             },
         })
@@ -1001,6 +1072,39 @@ mod tests {
             assert_eq!(fields.get("stream"), Some(&PyValue::Bool(true)));
             assert_same_by_value(&v);
         }
+    }
+
+    #[test]
+    fn only_the_kept_fields_are_built() {
+        let keep = |name: &str| name == "rid" || name == "sampling";
+        for hex in [REQ_P2, REQ_P5] {
+            let v = loads_keeping(&unhex(hex), &[], &keep).unwrap();
+            let (_, class, fields) = v.instance().expect("an instance");
+            assert_eq!(class, "TokenizedGenerateReqInput");
+            let PyValue::Dict(entries) = fields else {
+                panic!("{fields:?}")
+            };
+            let names: Vec<&str> = entries.iter().filter_map(|(k, _)| k.as_str()).collect();
+            assert_eq!(names, ["rid", "sampling"]);
+            // A kept field is whole, its own dict included.
+            let sampling = fields.get("sampling").unwrap();
+            assert_eq!(
+                sampling.get("max_new_tokens").and_then(PyValue::as_i64),
+                Some(8)
+            );
+            assert!(sampling.get("temperature").is_some());
+        }
+    }
+
+    #[test]
+    fn memo_keys_out_of_order() {
+        // INT 7, PUT 9, POP, GET 9, STOP (protocol 0: keys are whatever the pickler wrote).
+        assert_eq!(loads(b"I7\np9\n0g9\n.", &[]).unwrap(), PyValue::Int(7));
+        // BINPUT 0 twice (a key overwritten), BINGET 0.
+        assert_eq!(
+            loads(b"K\x01q\x000K\x02q\x000h\x00.", &[]).unwrap(),
+            PyValue::Int(2)
+        );
     }
 
     #[test]
@@ -1237,7 +1341,7 @@ mod tests {
         }
         p.push(b'.');
         assert_eq!(
-            loads_within(&p, &[], 100_000),
+            loads_within(&p, &[], 100_000, None),
             Err(PickleError::TooLarge("expanded result"))
         );
         assert_eq!(

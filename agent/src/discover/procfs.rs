@@ -1,6 +1,10 @@
 //! Small readers of /proc/PID. Each returns None when the process is gone: processes exit at
 //! any moment, and that is never an error of the agent.
-use std::{fs, path::PathBuf};
+use std::{
+    fs,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    path::PathBuf,
+};
 
 /// /proc/PID/leaf.
 pub fn proc_path(pid: u32, leaf: &str) -> PathBuf {
@@ -18,6 +22,46 @@ pub fn is_running(pid: u32) -> bool {
         Some(state) => !(state.starts_with('Z') || state.starts_with('X')),
         None => false,
     }
+}
+
+/// Tells when each of some processes has exited, from pidfds (Linux 5.3+): a pidfd polls
+/// readable once its process has exited, so a check is one `poll` where reading a busy
+/// engine's /proc/PID/status costs hundreds of microseconds. A process whose pidfd cannot be
+/// opened (gone already, or an older kernel) is asked about in /proc.
+pub struct ExitWatch {
+    processes: Vec<(u32, Option<OwnedFd>)>,
+}
+
+impl ExitWatch {
+    pub fn new(pids: &[u32]) -> Self {
+        let processes = pids.iter().map(|&pid| (pid, pidfd_open(pid))).collect();
+        Self { processes }
+    }
+
+    pub fn all_exited(&self) -> bool {
+        self.processes.iter().all(|(pid, pidfd)| match pidfd {
+            Some(pidfd) => has_exited(pidfd),
+            None => !is_running(*pid),
+        })
+    }
+}
+
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags, and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative return is a new fd that nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn has_exited(pidfd: &OwnedFd) -> bool {
+    let mut poll = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, and no wait.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready > 0 && poll.revents & libc::POLLIN != 0
 }
 
 pub fn comm(pid: u32) -> Option<String> {
@@ -54,6 +98,17 @@ pub fn tgid_of(tid: u32) -> Option<u32> {
 
 pub fn ppid(pid: u32) -> Option<u32> {
     status_field(pid, "PPid")?.parse().ok()
+}
+
+/// The size of the process's address space in pages (/proc/PID/statm's first field: read
+/// without walking the mappings).
+pub fn address_space_size(pid: u32) -> Option<u64> {
+    fs::read_to_string(proc_path(pid, "statm"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// When the process started, in clock ticks after boot (/proc/PID/stat's 22nd field): with
@@ -104,6 +159,26 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exit_is_seen_before_the_parent_reaps_it() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep runs");
+        let watch = ExitWatch::new(&[child.id()]);
+        assert!(!watch.all_exited());
+        child.kill().expect("killing the child");
+        // Not reaped: a zombie has exited.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !watch.all_exited() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(watch.all_exited());
+        child.wait().expect("reaping the child");
+        assert!(watch.all_exited());
+        assert!(ExitWatch::new(&[u32::MAX / 2]).all_exited());
+    }
 
     #[test]
     fn the_start_time_is_found_past_a_name_with_spaces_and_parentheses() {

@@ -9,7 +9,8 @@
 //! sockets are ignored in the kernel from then on.
 use std::{
     collections::HashMap,
-    fs, io,
+    fs,
+    io::{self, BufRead as _},
     net::SocketAddr,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     time::{Duration, Instant},
@@ -231,8 +232,8 @@ pub fn listening_ports(pid: u32) -> Vec<u16> {
     let own = socket_inodes(pid);
     let mut ports: Vec<u16> = ["net/tcp", "net/tcp6"]
         .iter()
-        .flat_map(|t| read_table(pid, t))
-        .filter(|e| e.state == TCP_LISTEN && own.contains(&e.inode))
+        .flat_map(|t| read_listeners(pid, t))
+        .filter(|e| own.contains(&e.inode))
         .map(|e| e.local.port())
         .collect();
     ports.sort_unstable();
@@ -276,20 +277,37 @@ fn read_table(pid: u32, table: &str) -> Vec<TcpEntry> {
         .unwrap_or_default()
 }
 
+/// The listening sockets of /proc/PID/net/tcp or tcp6. The kernel lists every listener
+/// before any other socket, so reading stops at the first line that is not one: on a busy
+/// host the rest is thousands of connections, and the kernel walks them all to print them.
+fn read_listeners(pid: u32, table: &str) -> Vec<TcpEntry> {
+    let Ok(file) = fs::File::open(proc_path(pid, table)) else {
+        return Vec::new();
+    };
+    listeners(io::BufReader::new(file).lines().map_while(Result::ok))
+}
+
+/// The leading listeners of a table's lines (its header line included).
+fn listeners(lines: impl Iterator<Item = String>) -> Vec<TcpEntry> {
+    lines
+        .skip(1)
+        .map_while(|line| parse_tcp_line(&line).filter(|e| e.state == TCP_LISTEN))
+        .collect()
+}
+
 /// Parse /proc/net/tcp or tcp6.
 fn parse_tcp_table(text: &str) -> Vec<TcpEntry> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            Some(TcpEntry {
-                local: parse_hex_addr(cols.get(1)?)?,
-                remote: parse_hex_addr(cols.get(2)?)?,
-                state: u8::from_str_radix(cols.get(3)?, 16).ok()?,
-                inode: cols.get(9)?.parse().ok()?,
-            })
-        })
-        .collect()
+    text.lines().skip(1).filter_map(parse_tcp_line).collect()
+}
+
+fn parse_tcp_line(line: &str) -> Option<TcpEntry> {
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    Some(TcpEntry {
+        local: parse_hex_addr(cols.get(1)?)?,
+        remote: parse_hex_addr(cols.get(2)?)?,
+        state: u8::from_str_radix(cols.get(3)?, 16).ok()?,
+        inode: cols.get(9)?.parse().ok()?,
+    })
 }
 
 /// "0100007F:1F90" (IPv4) or 32 hex digits (IPv6), each 32-bit word in host byte order.
@@ -343,6 +361,35 @@ mod tests {
         assert_eq!(entries[0].state, TCP_LISTEN);
         assert_eq!(entries[1].remote, "127.0.0.1:54321".parse().unwrap());
         assert_eq!(entries[1].inode, 12346);
+    }
+
+    #[test]
+    fn listeners_are_read_up_to_the_first_other_socket() {
+        let line = |port: &str, state: &str, inode: u32| {
+            format!(
+                "   0: 0100007F:{port} 00000000:0000 {state} 00000000:00000000 00:00000000 00000000     0        0 {inode} 1"
+            )
+        };
+        let lines = [
+            "  sl  local_address rem_address   st".to_string(),
+            line("1F90", "0A", 1),
+            line("1F91", "0A", 2),
+            line("1F90", "01", 3),
+            line("1F92", "0A", 4),
+        ];
+        let found = listeners(lines.into_iter());
+        let ports: Vec<u16> = found.iter().map(|e| e.local.port()).collect();
+        assert_eq!(ports, vec![8080, 8081]);
+        assert_eq!(found[1].inode, 2);
+    }
+
+    #[test]
+    fn a_live_listener_is_found_among_connections() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding");
+        let port = listener.local_addr().expect("its address").port();
+        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+        let (_server, _) = listener.accept().expect("accepting");
+        assert!(listening_ports(std::process::id()).contains(&port));
     }
 
     #[test]

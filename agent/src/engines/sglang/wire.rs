@@ -460,9 +460,32 @@ impl SglangDecoder {
     }
 }
 
-/// A pickled io_struct instance as (class, field dict).
+/// The fields `typed` reads, of every class it reads.
+const READ_FIELDS: &[&str] = &[
+    // TokenizedGenerateReqInput
+    "rid",
+    "input_ids",
+    "sampling_params",
+    "stream",
+    "bootstrap_room",
+    "time_stats",
+    // AbortReq
+    "abort_all",
+    "finished_reason",
+    // BatchTokenIDOutput, BatchStrOutput
+    "rids",
+    "finished_reasons",
+    "output_ids",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "retraction_counts",
+];
+
+/// A pickled io_struct instance as (class, field dict), with only the fields `typed` reads.
 fn pickled_fields(data: &[u8], buffers: &[Vec<u8>]) -> Result<(String, PyValue), SglangError> {
-    match pickle::loads(data, buffers)?.into_instance() {
+    let keep = |name: &str| READ_FIELDS.contains(&name);
+    match pickle::loads_keeping(data, buffers, &keep)?.into_instance() {
         Some((module, class, fields)) if module == IO_STRUCT_MODULE => Ok((class, fields)),
         _ => Err(SglangError::Field("message", "io_struct instance")),
     }
