@@ -153,6 +153,14 @@ pub mod counter {
     pub const COUNT: u32 = 7;
 }
 
+/// The value of the per-CPU `COUNTERS` map's only entry: every counter, indexed by
+/// [`counter`], so that userspace reads them all with one lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub values: [u64; counter::COUNT as usize],
+}
+
 /// Payload bytes per ring-buffer record; larger syscalls are split into continuation records.
 pub const CHUNK_SIZE: usize = 16 * 1024;
 /// Most chunks one syscall can produce (caps a syscall at 4 MiB whatever the configuration).
@@ -594,6 +602,7 @@ impl Default for Config {
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: plain repr(C) structs of integers with explicit padding.
+    unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::FdKey {}
     unsafe impl aya::Pod for super::FdState {}
     unsafe impl aya::Pod for super::FdDecision {}

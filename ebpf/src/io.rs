@@ -14,7 +14,7 @@ use aya_ebpf::{
         bpf_probe_read_user, generated::bpf_loop,
     },
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuArray},
+    maps::{LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use infertrace_common::{
@@ -48,6 +48,7 @@ enum Shape {
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct InFlight {
+    /// 0 once its exit has taken it (the entry stays, for the thread's next syscall).
     enter_ns: u64,
     /// Buffer, iovec array or msghdr pointer.
     ptr: u64,
@@ -59,8 +60,12 @@ struct InFlight {
     shape: u8,
 }
 
+/// One entry per thread (pid_tgid), written in place at each captured syscall: an insert and
+/// a delete per syscall (a bucket lock, an element taken from and given back to the free list
+/// each) cost the traced thread more than the rest of the capture. LRU: the entries of
+/// threads that exited are reused.
 #[map]
-static IN_FLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0);
+static IN_FLIGHT: LruHashMap<u64, InFlight> = LruHashMap::with_max_entries(16384, 0);
 
 /// One ring-buffer record under construction: header then payload, contiguous, so that it is
 /// sent with a single `bpf_ringbuf_output` of a variable length.
@@ -138,11 +143,15 @@ fn on_enter(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) 
         direction,
         shape: shape as u8,
     };
-    if IN_FLIGHT
-        .insert(&bpf_get_current_pid_tgid(), &in_flight, 0)
-        .is_err()
-    {
-        count(counter::MAP_FULL, 1);
+    let id = bpf_get_current_pid_tgid();
+    match IN_FLIGHT.get_ptr_mut(&id) {
+        // SAFETY: the current thread's own entry: no other program writes it meanwhile.
+        Some(slot) => unsafe { *slot = in_flight },
+        None => {
+            if IN_FLIGHT.insert(&id, &in_flight, 0).is_err() {
+                count(counter::MAP_FULL, 1);
+            }
+        }
     }
     0
 }
@@ -237,11 +246,18 @@ fn read_kernel<T>(at: u64) -> Option<T> {
 
 fn on_exit(ctx: &TracePointContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    // SAFETY: the value is copied out before the entry is removed.
-    let Some(call) = (unsafe { IN_FLIGHT.get(&id) }).copied() else {
+    let Some(slot) = IN_FLIGHT.get_ptr_mut(&id) else {
         return 0;
     };
-    let _ = IN_FLIGHT.remove(&id);
+    // SAFETY: the current thread's own entry, copied out and then marked taken.
+    let call = unsafe {
+        let call = *slot;
+        (*slot).enter_ns = 0;
+        call
+    };
+    if call.enter_ns == 0 {
+        return 0;
+    }
     // SAFETY: offset from the sys_exit_* format files.
     let ret: i64 = unsafe { ctx.read_at(RET) }.unwrap_or(0);
     if ret <= 0 {
@@ -266,6 +282,9 @@ fn on_exit(ctx: &TracePointContext) -> u32 {
         )
     };
     count(counter::CAPTURED_SYSCALLS, 1);
+    if call.direction == direction::INGRESS && id as u32 == tgid {
+        crate::poll::arm(tgid);
+    }
     copy_payload(&call, tgid, ret as u64, seq);
     0
 }

@@ -4,11 +4,14 @@
 //! iteration run in the next. vLLM's API server stamps an engine output an iteration after its
 //! loop took it off the socket, so userspace needs the loop thread's waits to find that
 //! instant (agent `engines/common/handoff.rs`). Only main threads are followed: that is where
-//! asyncio runs, and other threads (libzmq's I/O threads) wait far more often.
+//! asyncio runs, and other threads (libzmq's I/O threads) wait far more often. And only the
+//! first wait after the main thread took input (a captured read: the mailbox read that hands
+//! it a message, a client's request): the one that instant needs. A streaming API server's
+//! loop waits hundreds of times per request, almost always with nothing taken in between.
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::LruHashMap,
     programs::TracePointContext,
 };
 use infertrace_common::{PollRecord, counter, kind};
@@ -18,9 +21,29 @@ use crate::shared::{count, header, submit, tracked_tgid};
 /// Offset of `ret` in a sys_exit_* record.
 const RET: usize = 16;
 
-/// Entry time of the epoll wait each main thread is in (key: tgid, which is its tid).
+/// Per main thread (key: tgid, which is its tid): [`IDLE`], [`ARMED`] or the entry time of the
+/// followed wait it is in. Written in place; LRU, so exited processes' entries are reused.
 #[map]
-static POLL_ENTER: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
+static POLL_STATE: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// No input since the last followed wait.
+const IDLE: u64 = 0;
+/// Input taken: the next wait is followed.
+const ARMED: u64 = 1;
+
+/// The current thread, main thread of tracked process `tgid`, took input: follow its next
+/// epoll wait.
+pub(crate) fn arm(tgid: u32) {
+    match POLL_STATE.get_ptr_mut(&tgid) {
+        // SAFETY: only this thread writes its entry.
+        Some(state) => unsafe { *state = ARMED },
+        None => {
+            if POLL_STATE.insert(&tgid, &ARMED, 0).is_err() {
+                count(counter::MAP_FULL, 1);
+            }
+        }
+    }
+}
 
 /// The tracked process's tgid when the current task is its main thread.
 #[inline(always)]
@@ -34,10 +57,13 @@ fn on_enter() -> u32 {
     let Some(tgid) = tracked_main_thread() else {
         return 0;
     };
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if POLL_ENTER.insert(&tgid, &now, 0).is_err() {
-        count(counter::MAP_FULL, 1);
+    if let Some(state) = POLL_STATE.get_ptr_mut(&tgid) {
+        // SAFETY: only this thread writes its entry.
+        unsafe {
+            if *state == ARMED {
+                *state = bpf_ktime_get_ns();
+            }
+        }
     }
     0
 }
@@ -47,12 +73,20 @@ fn on_exit(ctx: &TracePointContext) -> u32 {
     let Some(tgid) = tracked_main_thread() else {
         return 0;
     };
-    // SAFETY: the value is copied out immediately. A thread that became tracked while it
-    // waited has no entry and is skipped.
-    let Some(&enter_ns) = (unsafe { POLL_ENTER.get(&tgid) }) else {
+    let Some(state) = POLL_STATE.get_ptr_mut(&tgid) else {
         return 0;
     };
-    let _ = POLL_ENTER.remove(&tgid);
+    // SAFETY: only this thread writes its entry; copied out, then reset.
+    let enter_ns = unsafe {
+        let enter_ns = *state;
+        if enter_ns > ARMED {
+            *state = IDLE;
+        }
+        enter_ns
+    };
+    if enter_ns <= ARMED {
+        return 0;
+    }
     // SAFETY: offset from the sys_exit_* format files.
     let ret: i64 = unsafe { ctx.read_at(RET) }.unwrap_or(0);
     let record = PollRecord {

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use infertrace_common::{Config, FdDecision, FdKey, FdState, RecordHeader, counter};
+use infertrace_common::{Config, Counters, FdDecision, FdKey, FdState, RecordHeader, counter};
 
 /// All records to userspace. Userspace sets the real size at load time.
 #[map]
@@ -24,10 +24,10 @@ pub static FD_CLASS: HashMap<FdKey, FdState> = HashMap::with_max_entries(65536, 
 #[map]
 pub static FD_DECISION: HashMap<FdKey, FdDecision> = HashMap::with_max_entries(16384, 0);
 
-/// Per-CPU counters of lost and truncated data (indices: `infertrace_common::counter`).
+/// Per-CPU counters of lost and truncated data, all in one entry (indices:
+/// `infertrace_common::counter`).
 #[map]
-pub static COUNTERS: PerCpuArray<u64> =
-    PerCpuArray::with_max_entries(infertrace_common::counter::COUNT, 0);
+pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 
 /// Runtime configuration, index 0, written by userspace before attaching.
 #[map]
@@ -44,9 +44,11 @@ pub fn tracked_tgid() -> Option<(u32, u32)> {
 
 #[inline(always)]
 pub fn count(index: u32, by: u64) {
-    if let Some(c) = COUNTERS.get_ptr_mut(index) {
-        // SAFETY: per-CPU slot, no concurrent writer on this CPU while the program runs.
-        unsafe { *c += by };
+    if let Some(counters) = COUNTERS.get_ptr_mut(0) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU while the program runs.
+        if let Some(c) = unsafe { (*counters).values.get_mut(index as usize) } {
+            *c += by;
+        }
     }
 }
 

@@ -110,7 +110,9 @@ fn attach_to_established_connection_resynchronises_without_greeting() {
 }
 
 /// The probe on libzmq's `zmq_msg_send` saw the sender hand over each payload message (one
-/// record per message, at its last part), on one socket, before the I/O thread wrote it.
+/// record per message, at its last part), on one socket, its call beginning before the I/O
+/// thread wrote it (the write can come before the call returns: a return 80-320 µs after the
+/// write was seen on this 2-CPU VM, one run in four).
 fn sends_were_handed_over_before_their_writes(decoded: &[Decoded], sender: u32) {
     let handovers: Vec<&Handover> = decoded
         .iter()
@@ -129,8 +131,9 @@ fn sends_were_handed_over_before_their_writes(decoded: &[Decoded], sender: u32) 
     let written = messages(decoded, true);
     for (h, (_, m)) in handovers.iter().rev().zip(written.iter().rev()) {
         assert!(
-            h.ns <= m.first_ns,
-            "handed over at {} after its write at {}",
+            h.enter_ns <= m.first_ns && h.enter_ns <= h.ns,
+            "handed over at {}-{} after its write at {}",
+            h.enter_ns,
             h.ns,
             m.first_ns
         );

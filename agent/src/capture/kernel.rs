@@ -20,7 +20,7 @@ use aya::{
     },
 };
 use infertrace_common::{
-    Config, FdDecision, FdKey, FdState, FileOffsets, PyProcess, PyStack, counter, cuda_fn,
+    Config, Counters, FdDecision, FdKey, FdState, FileOffsets, PyProcess, PyStack, counter, cuda_fn,
 };
 
 use super::{cuda_watch::CudaOptions, python_watch::PythonOptions};
@@ -143,7 +143,7 @@ pub struct KernelCapture {
     tracked: HashMap<MapData, u32, u8>,
     fd_class: HashMap<MapData, FdKey, FdState>,
     fd_decision: HashMap<MapData, FdKey, FdDecision>,
-    counters: PerCpuArray<MapData, u64>,
+    counters: PerCpuArray<MapData, Counters>,
 }
 
 /// Where the kernel keeps an fd's file type, so that it can leave a pending file's reads
@@ -456,11 +456,13 @@ impl KernelCapture {
     }
 
     pub fn counters(&self) -> KernelCounters {
+        let per_cpu = self.counters.get(&0, 0).ok();
         let sum = |index: u32| -> u64 {
-            self.counters
-                .get(&index, 0)
-                .map(|v| v.iter().sum())
-                .unwrap_or(0)
+            per_cpu
+                .iter()
+                .flat_map(|cpus| cpus.iter())
+                .map(|c| c.values[index as usize])
+                .sum()
         };
         KernelCounters {
             ring_full: sum(counter::RING_FULL),
