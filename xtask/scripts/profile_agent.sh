@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Where the agent's and the kernel programs' time goes during one traced load (BENCHMARKS.md,
+# "The agent's cost, measured and cut"). As root, with the engine started by
+# `cargo xtask engine <vllm|sglang> start --port PORT -- <no prefix cache flag>`:
+#
+#   ENGINE=vllm PORT=18472 [PERF=1] [FREQ=499] [N=256] xtask/scripts/profile_agent.sh [BIN]
+#
+# Attaches BIN (default target/release/infertrace) with --output none, waits for it to settle,
+# runs the engine's own serving benchmark (N streamed requests, 256 tokens in, 64 out) and
+# prints the agent's CPU per request during the load, the API server's CPU, and the runs and
+# time of each kernel program (kernel.bpf_stats_enabled). PERF=1 also records the agent with
+# `perf record --call-graph dwarf` into /tmp/infertrace-profile/perf.data.
+set -euo pipefail
+ENGINE=${ENGINE:-vllm}; PORT=${PORT:-18472}; N=${N:-256}; PERF=${PERF:-0}; FREQ=${FREQ:-499}
+AGENT=${1:-target/release/infertrace}
+HOME_DIR=/var/tmp/infertrace-$ENGINE
+OUT=/tmp/infertrace-profile
+mkdir -p "$OUT"
+PID=$(cat "$HOME_DIR/logs/$ENGINE-$PORT.pid")
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+serve() {
+  local common=(--model tiny --tokenizer "$HOME_DIR/tiny-llama" --base-url "http://127.0.0.1:$PORT"
+    --random-input-len 256 --random-output-len 64 --num-prompts "$N" --seed 1 --disable-tqdm)
+  if [ "$ENGINE" = vllm ]; then
+    "$HOME_DIR/venv/bin/vllm" bench serve --backend vllm --ignore-eos --dataset-name random "${common[@]}"
+  else
+    "$HOME_DIR/venv/bin/python" -m sglang.bench_serving --backend sglang-oai --random-range-ratio 1 \
+      --dataset-name random-ids "${common[@]}"
+  fi 2>&1 | grep -E 'Output token throughput|Mean TTFT'
+}
+prog_stats() {
+  bpftool prog show -j | python3 -c 'import json, sys
+for p in json.load(sys.stdin):
+    print(p["id"], p.get("run_time_ns", 0), p.get("run_cnt", 0), p.get("name", "?"))'
+}
+sysctl -qw kernel.bpf_stats_enabled=1
+INFERTRACE_LOG=warn "$AGENT" attach --pid "$PID" --output none 2>"$OUT/agent.err" &
+AGENT_PID=$!
+sleep 4
+prog_stats | sort >"$OUT/before"
+a0=$(cpu_ticks $AGENT_PID); s0=$(cpu_ticks "$PID"); t0=$(date +%s.%N)
+if [ "$PERF" = 1 ]; then
+  perf record -F "$FREQ" --call-graph dwarf,16384 -o "$OUT/perf.data" -p $AGENT_PID 2>/dev/null &
+  PERF_PID=$!
+fi
+serve
+a1=$(cpu_ticks $AGENT_PID); s1=$(cpu_ticks "$PID"); t1=$(date +%s.%N)
+if [ "$PERF" = 1 ]; then kill -INT $PERF_PID; wait $PERF_PID || true; fi
+prog_stats | sort >"$OUT/after"
+kill -TERM $AGENT_PID; wait $AGENT_PID || true
+sysctl -qw kernel.bpf_stats_enabled=0
+python3 - "$a0" "$a1" "$s0" "$s1" "$t0" "$t1" "$N" "$(getconf CLK_TCK)" <<'PY'
+import sys
+a0, a1, s0, s1, t0, t1, n, tck = map(float, sys.argv[1:])
+agent = (a1 - a0) / tck
+print(f"load {t1 - t0:.1f} s; agent {agent:.3f} s of CPU = {agent / n * 1000:.3f} ms per request; "
+      f"API server {(s1 - s0) / tck:.2f} s of CPU")
+PY
+echo "kernel programs (all processes):"
+join "$OUT/before" "$OUT/after" | awk '{ms = ($5 - $2) / 1e6; runs = $6 - $3;
+  if (runs > 0) printf "  %s: %d runs, %.2f us per run, %.1f ms\n", $4, runs, ms * 1000 / runs, ms}'
+tail -1 "$OUT/agent.err"
