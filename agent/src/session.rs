@@ -256,7 +256,8 @@ pub async fn run_live(
     );
     tokio::pin!(deadline);
     let mut events = initial;
-    let exits = procfs::ExitWatch::new(&pids);
+    // Attach mode ends when its processes have exited; node mode runs on.
+    let exits = node.is_none().then(|| procfs::ExitWatch::new(&pids));
     let mut checked_exit = Instant::now();
     let mut scanned = Instant::now();
     loop {
@@ -308,7 +309,10 @@ pub async fn run_live(
                 events.extend(follow(&mut live, Some(node), target));
             }
         }
-        if node.is_none() && !stop && checked_exit.elapsed() >= EXIT_CHECK {
+        if let Some(exits) = &exits
+            && !stop
+            && checked_exit.elapsed() >= EXIT_CHECK
+        {
             checked_exit = Instant::now();
             if exits.all_exited() {
                 tracing::info!("all attached processes have exited");

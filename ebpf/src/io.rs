@@ -23,7 +23,8 @@ use infertrace_common::{
 };
 
 use crate::shared::{
-    EVENTS, FD_CLASS, FD_DECISION, config, count, header, submit, tracked_tgid, wakeup_flags,
+    EVENTS, FD_CLASS, FD_DECISION, config, count, header, set_own_entry, submit, tracked_tgid,
+    wakeup_flags,
 };
 
 /// Offsets of the syscall arguments in a sys_enter_* record, and of `ret` in sys_exit_*.
@@ -143,16 +144,7 @@ fn on_enter(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) 
         direction,
         shape: shape as u8,
     };
-    let id = bpf_get_current_pid_tgid();
-    match IN_FLIGHT.get_ptr_mut(&id) {
-        // SAFETY: the current thread's own entry: no other program writes it meanwhile.
-        Some(slot) => unsafe { *slot = in_flight },
-        None => {
-            if IN_FLIGHT.insert(&id, &in_flight, 0).is_err() {
-                count(counter::MAP_FULL, 1);
-            }
-        }
-    }
+    set_own_entry(&IN_FLIGHT, &bpf_get_current_pid_tgid(), in_flight);
     0
 }
 

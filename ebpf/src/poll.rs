@@ -16,7 +16,7 @@ use aya_ebpf::{
 };
 use infertrace_common::{PollRecord, counter, kind};
 
-use crate::shared::{count, header, submit, tracked_tgid};
+use crate::shared::{header, set_own_entry, submit, tracked_tgid};
 
 /// Offset of `ret` in a sys_exit_* record.
 const RET: usize = 16;
@@ -34,15 +34,7 @@ const ARMED: u64 = 1;
 /// The current thread, main thread of tracked process `tgid`, took input: follow its next
 /// epoll wait.
 pub(crate) fn arm(tgid: u32) {
-    match POLL_STATE.get_ptr_mut(&tgid) {
-        // SAFETY: only this thread writes its entry.
-        Some(state) => unsafe { *state = ARMED },
-        None => {
-            if POLL_STATE.insert(&tgid, &ARMED, 0).is_err() {
-                count(counter::MAP_FULL, 1);
-            }
-        }
-    }
+    set_own_entry(&POLL_STATE, &tgid, ARMED);
 }
 
 /// The tracked process's tgid when the current task is its main thread.

@@ -3,7 +3,7 @@ use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use infertrace_common::{Config, Counters, FdDecision, FdKey, FdState, RecordHeader, counter};
 
@@ -32,6 +32,22 @@ pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0)
 /// Runtime configuration, index 0, written by userspace before attaching.
 #[map]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+/// Set `key`'s entry to `value`, in place when it exists: a rewrite costs a lookup, where an
+/// insert takes a bucket lock and a free element (and gives the replaced one back). For the
+/// maps whose entry is the current thread's own (no other program run writes it meanwhile).
+#[inline(always)]
+pub fn set_own_entry<K, V>(map: &LruHashMap<K, V>, key: &K, value: V) {
+    match map.get_ptr_mut(key) {
+        // SAFETY: the current thread's own entry: nothing else writes it meanwhile.
+        Some(slot) => unsafe { *slot = value },
+        None => {
+            if map.insert(key, &value, 0).is_err() {
+                count(counter::MAP_FULL, 1);
+            }
+        }
+    }
+}
 
 /// Current process's tgid if it is tracked.
 #[inline(always)]

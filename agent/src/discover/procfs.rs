@@ -1,7 +1,7 @@
 //! Small readers of /proc/PID. Each returns None when the process is gone: processes exit at
 //! any moment, and that is never an error of the agent.
 use std::{
-    fs,
+    fs, io,
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     path::PathBuf,
 };
@@ -34,7 +34,10 @@ pub struct ExitWatch {
 
 impl ExitWatch {
     pub fn new(pids: &[u32]) -> Self {
-        let processes = pids.iter().map(|&pid| (pid, pidfd_open(pid))).collect();
+        let processes = pids
+            .iter()
+            .map(|&pid| (pid, pidfd_open(pid).ok()))
+            .collect();
         Self { processes }
     }
 
@@ -46,11 +49,16 @@ impl ExitWatch {
     }
 }
 
-fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+/// A pidfd of process `pid` (Linux 5.3+).
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
     // SAFETY: pidfd_open takes a pid and flags, and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
     // SAFETY: a non-negative return is a new fd that nothing else owns.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 fn has_exited(pidfd: &OwnedFd) -> bool {

@@ -20,7 +20,7 @@ use socket2::{Domain, SockRef, Type};
 
 use serde::{Deserialize, Serialize};
 
-use super::procfs::proc_path;
+use super::procfs::{pidfd_open, proc_path};
 
 /// What an fd is, as far as the decoders care.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,15 +186,8 @@ fn inspect_duplicate(pid: u32, fd: u32) -> io::Result<Inspected> {
 
 /// A duplicate of process `pid`'s fd `fd` in this process (`pidfd_getfd`).
 fn duplicate_fd(pid: u32, fd: u32) -> io::Result<OwnedFd> {
-    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
     let fd = libc::c_int::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-    // SAFETY: pidfd_open takes a pid and flags; it returns a new fd or -1.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if pidfd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pidfd is a fresh fd owned by nobody else.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as libc::c_int) };
+    let pidfd = pidfd_open(pid)?;
     // SAFETY: pidfd_getfd takes a pidfd, a target fd and flags; it returns a new fd or -1.
     let duplicate = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if duplicate < 0 {
