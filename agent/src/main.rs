@@ -180,9 +180,10 @@ struct TraceArgs {
     /// ring is mapped twice for wrap-around).
     #[arg(long, default_value_t = 8)]
     ring_mib: u32,
-    /// How often the ring buffer is drained, in milliseconds (a ring buffer a quarter full
-    /// wakes the agent sooner).
-    #[arg(long, default_value_t = 50)]
+    /// How often the ring buffer is drained, in milliseconds: the longest a record waits to be
+    /// decoded (a ring buffer a quarter full, or a new socket to classify, wakes the agent
+    /// sooner). Each wakeup costs CPU whatever it finds.
+    #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
     /// Do not sample the Python stacks of traced Python processes.
     #[arg(long)]
@@ -405,7 +406,13 @@ impl TraceArgs {
                 no_pickle_probe: self.no_pickle_probe,
                 announce_execs: false,
             },
-            poll_interval: Duration::from_millis(self.poll_ms.clamp(1, 10_000)),
+            // Metrics snapshots are taken when the loop wakes: it wakes for each one (a bad
+            // interval is refused when the pipeline is made).
+            poll_interval: Duration::from_millis(self.poll_ms.clamp(1, 10_000)).min(
+                Duration::try_from_secs_f64(self.output.metrics_interval)
+                    .unwrap_or(Duration::MAX)
+                    .max(Duration::from_millis(1)),
+            ),
             duration,
             targets: Vec::new(),
         })

@@ -23,8 +23,8 @@ use infertrace_common::{
 };
 
 use crate::shared::{
-    EVENTS, FD_CLASS, FD_DECISION, config, count, header, set_own_entry, submit, tracked_tgid,
-    wakeup_flags,
+    EVENTS, FD_CLASS, FD_DECISION, config, count, header, set_own_entry, submit, submit_now,
+    tracked_tgid, wakeup_flags,
 };
 
 /// Offsets of the syscall arguments in a sys_enter_* record, and of `ret` in sys_exit_*.
@@ -187,7 +187,14 @@ pub(crate) fn report_new_fd(tgid: u32, fd: u32, key: FdKey) -> bool {
         fd,
         generation,
     };
-    if !submit(&record) {
+    // A file waits for the next drain (nothing of it is lost meanwhile: its reads are not
+    // copied); anything else is looked up at once, before it can close.
+    let sent = if file {
+        submit(&record)
+    } else {
+        submit_now(&record)
+    };
+    if !sent {
         // Let the next syscall on this fd report it again.
         let _ = FD_CLASS.remove(&key);
     }

@@ -87,10 +87,20 @@ pub fn wakeup_flags(watermark: u32) -> u64 {
 /// Send one fixed-size record to userspace; a full ring buffer counts it lost (false).
 #[inline(always)]
 pub fn submit<T>(record: &T) -> bool {
-    if EVENTS
-        .output::<T>(record, wakeup_flags(config().wakeup_watermark))
-        .is_err()
-    {
+    submit_with(record, wakeup_flags(config().wakeup_watermark))
+}
+
+/// Send a record userspace must act on at once, waking it: a new socket is classified from
+/// /proc, which it can only do while the socket exists (userspace otherwise drains once a
+/// second).
+#[inline(always)]
+pub fn submit_now<T>(record: &T) -> bool {
+    submit_with(record, BPF_RB_FORCE_WAKEUP as u64)
+}
+
+#[inline(always)]
+fn submit_with<T>(record: &T, flags: u64) -> bool {
+    if EVENTS.output::<T>(record, flags).is_err() {
         count(counter::RING_FULL, 1);
         return false;
     }
