@@ -25,6 +25,7 @@ serve() {
     "$HOME_DIR/venv/bin/vllm" bench serve --backend vllm --ignore-eos --dataset-name random "${common[@]}"
   else
     "$HOME_DIR/venv/bin/python" -m sglang.bench_serving --backend sglang-oai --random-range-ratio 1 \
+      --output-file "$OUT/bench.jsonl" \
       --dataset-name random-ids "${common[@]}"
   fi 2>&1 | grep -E 'Output token throughput|Mean TTFT'
 }
