@@ -14,7 +14,7 @@
 //! with an error, never the agent: every length is checked against the bytes left, nodes and
 //! the expanded result are bounded, and `PERSID`/`EXT*` (which need the sender's tables) are
 //! refused.
-use std::collections::HashMap;
+use std::{collections::HashMap, ops::Range};
 
 /// Nodes one message may create (each pickle opcode makes at most one).
 const MAX_NODES: usize = 4 << 20;
@@ -251,6 +251,10 @@ fn into_instance_fields(v: PyValue) -> Option<PyValue> {
 #[derive(Debug)]
 enum Node {
     Leaf(PyValue),
+    /// A string (checked UTF-8) or bytes, as where they lie in the pickle: copied only when
+    /// the result keeps them (most of an SGLang batch's texts are left out).
+    Text(Range<usize>),
+    Bytes(Range<usize>),
     List(Vec<usize>),
     Tuple(Vec<usize>),
     Dict(Vec<(usize, usize)>),
@@ -443,6 +447,28 @@ impl Machine<'_> {
             .map_err(|_| PickleError::Malformed("invalid UTF-8", self.at))
     }
 
+    /// The next `n` bytes, as where they lie.
+    fn span(&mut self, n: usize) -> Result<Range<usize>, PickleError> {
+        let start = self.at;
+        self.take(n)?;
+        Ok(start..self.at)
+    }
+
+    /// The string of a Text node (checked when it was read).
+    fn str_at(&self, range: &Range<usize>) -> Result<&str, PickleError> {
+        std::str::from_utf8(&self.data[range.clone()])
+            .map_err(|_| PickleError::Malformed("invalid UTF-8", range.start))
+    }
+
+    /// The string a node holds, if it is one.
+    fn as_str(&self, id: usize) -> Option<&str> {
+        match &self.nodes[id] {
+            Node::Leaf(PyValue::Str(s)) => Some(s),
+            Node::Text(range) => self.str_at(range).ok(),
+            _ => None,
+        }
+    }
+
     fn append(&mut self, target: usize, items: Vec<usize>) -> Result<(), PickleError> {
         match &mut self.nodes[target] {
             Node::List(v) | Node::Set(v) => v.extend(items),
@@ -601,9 +627,9 @@ impl Machine<'_> {
                         0x8c => self.len::<1>()?,
                         _ => self.len::<8>()?,
                     };
-                    let bytes = self.take(n)?.to_vec();
-                    let s = self.text(&bytes)?;
-                    self.leaf(PyValue::Str(s))?
+                    let range = self.span(n)?;
+                    self.str_at(&range)?;
+                    self.push(Node::Text(range))?
                 }
                 b'V' => {
                     let line = self.line()?.to_vec();
@@ -618,8 +644,8 @@ impl Machine<'_> {
                         b'C' | b'U' => self.len::<1>()?,
                         _ => self.len::<8>()?,
                     };
-                    let bytes = self.take(n)?.to_vec();
-                    self.leaf(PyValue::Bytes(bytes))?
+                    let range = self.span(n)?;
+                    self.push(Node::Bytes(range))?
                 }
                 b'S' => {
                     let line = self.line()?.to_vec();
@@ -703,9 +729,10 @@ impl Machine<'_> {
                 0x93 => {
                     let name = self.pop()?;
                     let module = self.pop()?;
-                    let text = |m: &Self, id: usize| match &m.nodes[id] {
-                        Node::Leaf(PyValue::Str(s)) => Ok(s.clone()),
-                        _ => Err(PickleError::Malformed("STACK_GLOBAL of non-strings", at)),
+                    let text = |m: &Self, id: usize| {
+                        m.as_str(id)
+                            .map(str::to_owned)
+                            .ok_or(PickleError::Malformed("STACK_GLOBAL of non-strings", at))
                     };
                     let (module, name) = (text(self, module)?, text(self, name)?);
                     self.global(module, name)?
@@ -817,6 +844,7 @@ impl Machine<'_> {
         };
         let size = match &self.nodes[id] {
             Node::Leaf(v) => VALUE_BYTES.saturating_add(payload_len(v)),
+            Node::Text(range) | Node::Bytes(range) => VALUE_BYTES.saturating_add(range.len()),
             Node::List(ids) | Node::Tuple(ids) | Node::Set(ids) => sum(&mut ids.iter().copied())?,
             Node::Dict(pairs) => sum(&mut pairs.iter().flat_map(|&(k, v)| [k, v]))?,
             Node::Object {
@@ -866,6 +894,8 @@ impl Machine<'_> {
         };
         Ok(match &self.nodes[id] {
             Node::Leaf(v) => v.clone(),
+            Node::Text(range) => PyValue::Str(self.str_at(range)?.to_owned()),
+            Node::Bytes(range) => PyValue::Bytes(self.data[range.clone()].to_vec()),
             Node::List(ids) => PyValue::List(many(ids, below)?),
             Node::Tuple(ids) => PyValue::Tuple(many(ids, below)?),
             Node::Set(ids) => PyValue::Set(many(ids, None)?),
@@ -874,10 +904,7 @@ impl Machine<'_> {
                     let kept: Vec<(usize, usize)> = ids
                         .iter()
                         .copied()
-                        .filter(|&(k, _)| match &self.nodes[k] {
-                            Node::Leaf(PyValue::Str(name)) => (filter.keep)(name),
-                            _ => true,
-                        })
+                        .filter(|&(k, _)| self.as_str(k).is_none_or(filter.keep))
                         .collect();
                     PyValue::Dict(pairs(&kept)?)
                 }
@@ -1094,6 +1121,32 @@ mod tests {
             );
             assert!(sampling.get("temperature").is_some());
         }
+    }
+
+    #[test]
+    fn a_dropped_field_is_still_checked() {
+        // {"a": 1, "b": <SHORT_BINUNICODE of invalid UTF-8>}: the string is not copied when
+        // "b" is left out, but a pickle with invalid text is refused all the same.
+        let pickle = b"}(\x8c\x01aK\x01\x8c\x01b\x8c\x02\xff\xfeu.";
+        let keep = |name: &str| name == "a";
+        assert!(matches!(
+            loads_keeping(pickle, &[], &keep),
+            Err(PickleError::Malformed("invalid UTF-8", _))
+        ));
+        let fine = b"}(\x8c\x01aK\x01\x8c\x01b\x8c\x02hiu.";
+        assert_eq!(
+            loads_keeping(fine, &[], &keep).unwrap(),
+            PyValue::Dict(vec![(PyValue::Str("a".into()), PyValue::Int(1))])
+        );
+        // Kept, the text and the bytes are whole.
+        let both = b"}(\x8c\x01aC\x02\x00\x01\x8c\x01b\x8c\x02hiu.";
+        assert_eq!(
+            loads(both, &[]).unwrap(),
+            PyValue::Dict(vec![
+                (PyValue::Str("a".into()), PyValue::Bytes(vec![0, 1])),
+                (PyValue::Str("b".into()), PyValue::Str("hi".into())),
+            ])
+        );
     }
 
     #[test]
