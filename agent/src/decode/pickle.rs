@@ -14,7 +14,7 @@
 //! with an error, never the agent: every length is checked against the bytes left, nodes and
 //! the expanded result are bounded, and `PERSID`/`EXT*` (which need the sender's tables) are
 //! refused.
-use std::{collections::HashMap, ops::Range};
+use std::collections::HashMap;
 
 /// Nodes one message may create (each pickle opcode makes at most one).
 const MAX_NODES: usize = 4 << 20;
@@ -60,26 +60,44 @@ pub enum PyValue {
     Dict(Vec<(PyValue, PyValue)>),
     Set(Vec<PyValue>),
     /// A module attribute named by the stream (a class or a function), not imported.
-    Global {
-        module: String,
-        name: String,
-    },
-    /// What the stream would have built by calling `callable(*args)` (REDUCE, OBJ, INST) or
-    /// `cls.__new__(cls, *args)` (NEWOBJ): nothing was called.
-    Object {
-        callable: Box<PyValue>,
-        args: Box<PyValue>,
-        /// `BUILD`'s state (usually the instance `__dict__`, or `(dict, slots)`).
-        state: Option<Box<PyValue>>,
-        /// Items a list or dict subclass received (APPEND(S), SETITEM(S)).
-        items: Vec<PyValue>,
-        entries: Vec<(PyValue, PyValue)>,
-    },
+    Global(Box<PyGlobal>),
+    /// What the stream would have built by calling a callable or a class: nothing was called.
+    Object(Box<PyObject>),
     /// An out-of-band buffer (protocol 5) the caller did not supply.
     Buffer(usize),
 }
 
+// The rare variants are boxed so that a value (most are ints and strings, by the thousand in
+// an SGLang batch) takes 32 bytes, not 80: the decoder's time went into moving them.
+const _: () = assert!(std::mem::size_of::<PyValue>() <= 32);
+
+/// A module attribute: `module.name`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PyGlobal {
+    pub module: String,
+    pub name: String,
+}
+
+/// `callable(*args)` (REDUCE, OBJ, INST) or `cls.__new__(cls, *args)` (NEWOBJ), as data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PyObject {
+    pub callable: PyValue,
+    pub args: PyValue,
+    /// `BUILD`'s state (usually the instance `__dict__`, or `(dict, slots)`).
+    pub state: Option<PyValue>,
+    /// Items a list or dict subclass received (APPEND(S), SETITEM(S)).
+    pub items: Vec<PyValue>,
+    pub entries: Vec<(PyValue, PyValue)>,
+}
+
 impl PyValue {
+    pub fn global(module: impl Into<String>, name: impl Into<String>) -> Self {
+        PyValue::Global(Box::new(PyGlobal {
+            module: module.into(),
+            name: name.into(),
+        }))
+    }
+
     pub fn as_str(&self) -> Option<&str> {
         match self {
             PyValue::Str(s) => Some(s),
@@ -118,13 +136,13 @@ impl PyValue {
         if let Some(items) = self.as_seq() {
             return items.iter().map(PyValue::as_i64).collect();
         }
-        let PyValue::Object { callable, args, .. } = self else {
+        let PyValue::Object(object) = self else {
             return None;
         };
-        if global_name(callable) != Some(("array", "_array_reconstructor")) {
+        if global_name(&object.callable) != Some(("array", "_array_reconstructor")) {
             return None;
         }
-        let [_, _, format, PyValue::Bytes(bytes)] = args.as_seq()? else {
+        let [_, _, format, PyValue::Bytes(bytes)] = object.args.as_seq()? else {
             return None;
         };
         machine_ints(format.as_i64()?, bytes)
@@ -155,14 +173,15 @@ impl PyValue {
         let (module, name, held_in) = self
             .instance_parts()
             .map(|(module, name, held_in, _)| (module.to_owned(), name.to_owned(), held_in))?;
-        let PyValue::Object { args, state, .. } = self else {
+        let PyValue::Object(object) = self else {
             return None;
         };
-        let holder = match (held_in, *args) {
+        let PyObject { args, state, .. } = *object;
+        let holder = match (held_in, args) {
             (HeldIn::Args, PyValue::List(items) | PyValue::Tuple(items)) => {
                 items.into_iter().nth(1)?
             }
-            (HeldIn::State, _) => *state?,
+            (HeldIn::State, _) => state?,
             _ => return None,
         };
         Some((module, name, into_instance_fields(holder)?))
@@ -172,15 +191,15 @@ impl PyValue {
     /// reconstructor's second argument, else the state. For [`PyValue::instance`] and
     /// [`PyValue::into_instance`].
     fn instance_parts(&self) -> Option<(&str, &str, HeldIn, &PyValue)> {
-        let PyValue::Object {
+        let PyValue::Object(object) = self else {
+            return None;
+        };
+        let PyObject {
             callable,
             args,
             state,
             ..
-        } = self
-        else {
-            return None;
-        };
+        } = object.as_ref();
         // f(cls, fields) reconstructors.
         if let Some([cls, data, ..]) = args.as_seq()
             && let Some((module, name)) = global_name(cls)
@@ -189,7 +208,7 @@ impl PyValue {
             return Some((module, name, HeldIn::Args, data));
         }
         let (module, name) = global_name(callable)?;
-        let state = state.as_deref().filter(|s| fields_at(s).is_some())?;
+        let state = state.as_ref().filter(|s| fields_at(s).is_some())?;
         Some((module, name, HeldIn::State, state))
     }
 }
@@ -203,7 +222,7 @@ enum HeldIn {
 
 fn global_name(v: &PyValue) -> Option<(&str, &str)> {
     match v {
-        PyValue::Global { module, name } => Some((module.as_str(), name.as_str())),
+        PyValue::Global(global) => Some((global.module.as_str(), global.name.as_str())),
         _ => None,
     }
 }
@@ -249,23 +268,53 @@ fn into_instance_fields(v: PyValue) -> Option<PyValue> {
 /// Arena node: containers refer to other nodes by index, so that a memoized value mutated
 /// later (the usual EMPTY_LIST, MEMOIZE, MARK, ..., APPENDS) is seen by every reference.
 #[derive(Debug)]
-enum Node {
+enum Node<'a> {
     Leaf(PyValue),
-    /// A string (checked UTF-8) or bytes, as where they lie in the pickle: copied only when
-    /// the result keeps them (most of an SGLang batch's texts are left out).
-    Text(Range<usize>),
-    Bytes(Range<usize>),
+    /// A string (checked UTF-8 when read) or bytes, where they lie in the pickle: copied only
+    /// when the result keeps them (most of an SGLang batch's texts are left out).
+    Text(&'a str),
+    Bytes(&'a [u8]),
     List(Vec<usize>),
     Tuple(Vec<usize>),
     Dict(Vec<(usize, usize)>),
     Set(Vec<usize>),
-    Object {
-        callable: usize,
-        args: usize,
-        state: Option<usize>,
-        items: Vec<usize>,
-        entries: Vec<(usize, usize)>,
-    },
+    Object(Box<ObjectNode>),
+}
+
+/// An object's parts, as nodes.
+#[derive(Debug)]
+struct ObjectNode {
+    callable: usize,
+    args: usize,
+    state: Option<usize>,
+    items: Vec<usize>,
+    entries: Vec<(usize, usize)>,
+}
+
+impl Node<'_> {
+    /// APPEND(S): items into a list, a set or a list subclass.
+    fn append(&mut self, ids: impl Iterator<Item = usize>, at: usize) -> Result<(), PickleError> {
+        match self {
+            Node::List(v) | Node::Set(v) => v.extend(ids),
+            Node::Object(object) => object.items.extend(ids),
+            _ => return Err(PickleError::Malformed("APPEND to a non-list", at)),
+        }
+        Ok(())
+    }
+
+    /// SETITEM(S): entries into a dict or a dict subclass.
+    fn set_items(
+        &mut self,
+        pairs: impl Iterator<Item = (usize, usize)>,
+        at: usize,
+    ) -> Result<(), PickleError> {
+        match self {
+            Node::Dict(v) => v.extend(pairs),
+            Node::Object(object) => object.entries.extend(pairs),
+            _ => return Err(PickleError::Malformed("SETITEM on a non-dict", at)),
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -274,10 +323,20 @@ enum Slot {
     Value(usize),
 }
 
+impl Slot {
+    /// The node of a slot above the topmost MARK (where there are only values).
+    fn id(&self) -> usize {
+        match self {
+            Slot::Value(id) => *id,
+            Slot::Mark => unreachable!("no MARK above the topmost one"),
+        }
+    }
+}
+
 struct Machine<'a> {
     data: &'a [u8],
     at: usize,
-    nodes: Vec<Node>,
+    nodes: Vec<Node<'a>>,
     stack: Vec<Slot>,
     /// PUT/MEMOIZE key -> node. Python's pickler numbers memo entries 0, 1, 2, ..., so they
     /// are kept in a vector; a key out of that order (another pickler) goes to the map.
@@ -339,22 +398,37 @@ fn loads_within(
         next_buffer: 0,
     };
     let top = m.run()?;
-    // Sized first, without allocating: a pickle whose result would not fit costs nothing.
-    let mut sizes = vec![None; m.nodes.len()];
-    if m.expanded_size(top, 0, &mut sizes)? > max_expanded {
-        return Err(PickleError::TooLarge("expanded result"));
-    }
-    m.expand(top, 0, fields)
+    let mut budget = max_expanded;
+    charge_values(&mut budget, 1, 0)?;
+    m.expand(top, 0, fields, &mut budget)
 }
 
-impl Machine<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], PickleError> {
+/// Take `values` values' worth of bytes (plus `payload`) from what the expanded result may
+/// still take: charged before anything is allocated for them, so that a small pickle cannot
+/// expand into an exponential tree, nor a big string memoized once into a thousand copies.
+fn charge_values(budget: &mut usize, values: usize, payload: usize) -> Result<(), PickleError> {
+    charge(
+        budget,
+        values.saturating_mul(VALUE_BYTES).saturating_add(payload),
+    )
+}
+
+fn charge(budget: &mut usize, bytes: usize) -> Result<(), PickleError> {
+    *budget = budget
+        .checked_sub(bytes)
+        .ok_or(PickleError::TooLarge("expanded result"))?;
+    Ok(())
+}
+
+impl<'a> Machine<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PickleError> {
         let end = self
             .at
             .checked_add(n)
             .filter(|&e| e <= self.data.len())
             .ok_or(PickleError::Truncated(self.data.len()))?;
-        let bytes = &self.data[self.at..end];
+        let data = self.data;
+        let bytes = &data[self.at..end];
         self.at = end;
         Ok(bytes)
     }
@@ -391,7 +465,7 @@ impl Machine<'_> {
         Ok(&rest[..n])
     }
 
-    fn node(&mut self, node: Node) -> Result<usize, PickleError> {
+    fn node(&mut self, node: Node<'a>) -> Result<usize, PickleError> {
         if self.nodes.len() >= MAX_NODES {
             return Err(PickleError::TooLarge("too many values"));
         }
@@ -399,7 +473,7 @@ impl Machine<'_> {
         Ok(self.nodes.len() - 1)
     }
 
-    fn push(&mut self, node: Node) -> Result<(), PickleError> {
+    fn push(&mut self, node: Node<'a>) -> Result<(), PickleError> {
         let id = self.node(node)?;
         self.stack.push(Slot::Value(id));
         Ok(())
@@ -424,22 +498,43 @@ impl Machine<'_> {
         }
     }
 
-    /// Everything above the topmost MARK, which is removed.
-    fn pop_mark(&mut self) -> Result<Vec<usize>, PickleError> {
-        let mark = self
-            .stack
+    /// Where the topmost MARK is on the stack.
+    fn mark(&self) -> Result<usize, PickleError> {
+        self.stack
             .iter()
             .rposition(|s| matches!(s, Slot::Mark))
-            .ok_or(PickleError::Malformed("no MARK", self.at))?;
-        let items = self.stack[mark + 1..]
-            .iter()
-            .map(|s| match s {
-                Slot::Value(id) => *id,
-                Slot::Mark => unreachable!("rposition found the topmost mark"),
-            })
-            .collect();
+            .ok_or(PickleError::Malformed("no MARK", self.at))
+    }
+
+    /// Everything above the topmost MARK, which is removed.
+    fn pop_mark(&mut self) -> Result<Vec<usize>, PickleError> {
+        let mark = self.mark()?;
+        let items = self.stack[mark + 1..].iter().map(Slot::id).collect();
         self.stack.truncate(mark);
         Ok(items)
+    }
+
+    /// APPENDS (`as_pairs` false) and SETITEMS (true): everything above the topmost MARK goes
+    /// into the container below it, with no list of its own in between (an SGLang batch is
+    /// mostly such lists).
+    fn extend_from_mark(&mut self, as_pairs: bool) -> Result<(), PickleError> {
+        let at = self.at;
+        let mark = self.mark()?;
+        let Some(&Slot::Value(target)) = mark.checked_sub(1).and_then(|i| self.stack.get(i)) else {
+            return Err(PickleError::Malformed("no value on the stack", at));
+        };
+        let added = &self.stack[mark + 1..];
+        let target = &mut self.nodes[target];
+        if as_pairs {
+            if !added.len().is_multiple_of(2) {
+                return Err(PickleError::Malformed("odd number of dict items", at));
+            }
+            target.set_items(added.chunks_exact(2).map(|p| (p[0].id(), p[1].id())), at)?;
+        } else {
+            target.append(added.iter().map(Slot::id), at)?;
+        }
+        self.stack.truncate(mark);
+        Ok(())
     }
 
     fn text(&self, bytes: &[u8]) -> Result<String, PickleError> {
@@ -447,35 +542,13 @@ impl Machine<'_> {
             .map_err(|_| PickleError::Malformed("invalid UTF-8", self.at))
     }
 
-    /// The next `n` bytes, as where they lie.
-    fn span(&mut self, n: usize) -> Result<Range<usize>, PickleError> {
-        let start = self.at;
-        self.take(n)?;
-        Ok(start..self.at)
-    }
-
-    /// The string of a Text node (checked when it was read).
-    fn str_at(&self, range: &Range<usize>) -> Result<&str, PickleError> {
-        std::str::from_utf8(&self.data[range.clone()])
-            .map_err(|_| PickleError::Malformed("invalid UTF-8", range.start))
-    }
-
     /// The string a node holds, if it is one.
     fn as_str(&self, id: usize) -> Option<&str> {
         match &self.nodes[id] {
             Node::Leaf(PyValue::Str(s)) => Some(s),
-            Node::Text(range) => self.str_at(range).ok(),
+            Node::Text(s) => Some(s),
             _ => None,
         }
-    }
-
-    fn append(&mut self, target: usize, items: Vec<usize>) -> Result<(), PickleError> {
-        match &mut self.nodes[target] {
-            Node::List(v) | Node::Set(v) => v.extend(items),
-            Node::Object { items: v, .. } => v.extend(items),
-            _ => return Err(PickleError::Malformed("APPEND to a non-list", self.at)),
-        }
-        Ok(())
     }
 
     /// Alternating keys and values as pairs.
@@ -486,28 +559,23 @@ impl Machine<'_> {
         Ok(flat.chunks_exact(2).map(|p| (p[0], p[1])).collect())
     }
 
-    fn set_items(&mut self, target: usize, flat: Vec<usize>) -> Result<(), PickleError> {
-        let pairs = self.pairs(&flat)?;
-        match &mut self.nodes[target] {
-            Node::Dict(v) => v.extend(pairs),
-            Node::Object { entries, .. } => entries.extend(pairs),
-            _ => return Err(PickleError::Malformed("SETITEM on a non-dict", self.at)),
-        }
-        Ok(())
-    }
-
-    fn object(&mut self, callable: usize, args: usize) -> Result<(), PickleError> {
-        self.push(Node::Object {
+    fn object(
+        &mut self,
+        callable: usize,
+        args: usize,
+        state: Option<usize>,
+    ) -> Result<(), PickleError> {
+        self.push(Node::Object(Box::new(ObjectNode {
             callable,
             args,
-            state: None,
+            state,
             items: Vec::new(),
             entries: Vec::new(),
-        })
+        })))
     }
 
     fn global(&mut self, module: String, name: String) -> Result<(), PickleError> {
-        self.leaf(PyValue::Global { module, name })
+        self.leaf(PyValue::global(module, name))
     }
 
     fn memo_put(&mut self, key: u64) -> Result<(), PickleError> {
@@ -627,9 +695,9 @@ impl Machine<'_> {
                         0x8c => self.len::<1>()?,
                         _ => self.len::<8>()?,
                     };
-                    let range = self.span(n)?;
-                    self.str_at(&range)?;
-                    self.push(Node::Text(range))?
+                    let text = std::str::from_utf8(self.take(n)?)
+                        .map_err(|_| PickleError::Malformed("invalid UTF-8", at))?;
+                    self.push(Node::Text(text))?
                 }
                 b'V' => {
                     let line = self.line()?.to_vec();
@@ -644,8 +712,8 @@ impl Machine<'_> {
                         b'C' | b'U' => self.len::<1>()?,
                         _ => self.len::<8>()?,
                     };
-                    let range = self.span(n)?;
-                    self.push(Node::Bytes(range))?
+                    let bytes = self.take(n)?;
+                    self.push(Node::Bytes(bytes))?
                 }
                 b'S' => {
                     let line = self.line()?.to_vec();
@@ -702,24 +770,16 @@ impl Machine<'_> {
                 b'a' => {
                     let item = self.pop()?;
                     let list = self.top()?;
-                    self.append(list, vec![item])?
+                    self.nodes[list].append(std::iter::once(item), at)?
                 }
-                b'e' | 0x90 => {
-                    let items = self.pop_mark()?;
-                    let target = self.top()?;
-                    self.append(target, items)?
-                }
+                b'e' | 0x90 => self.extend_from_mark(false)?,
                 b's' => {
                     let value = self.pop()?;
                     let key = self.pop()?;
                     let dict = self.top()?;
-                    self.set_items(dict, vec![key, value])?
+                    self.nodes[dict].set_items(std::iter::once((key, value)), at)?
                 }
-                b'u' => {
-                    let flat = self.pop_mark()?;
-                    let dict = self.top()?;
-                    self.set_items(dict, flat)?
-                }
+                b'u' => self.extend_from_mark(true)?,
                 b'c' => {
                     let module = self.line()?.to_vec();
                     let name = self.line()?.to_vec();
@@ -740,18 +800,14 @@ impl Machine<'_> {
                 b'R' | 0x81 => {
                     let args = self.pop()?;
                     let callable = self.pop()?;
-                    self.object(callable, args)?
+                    self.object(callable, args, None)?
                 }
                 0x92 => {
                     // NEWOBJ_EX: cls, args, kwargs; kwargs are kept as the state.
                     let kwargs = self.pop()?;
                     let args = self.pop()?;
                     let cls = self.pop()?;
-                    self.object(cls, args)?;
-                    let id = self.top()?;
-                    if let Node::Object { state, .. } = &mut self.nodes[id] {
-                        *state = Some(kwargs);
-                    }
+                    self.object(cls, args, Some(kwargs))?
                 }
                 b'o' => {
                     let mut items = self.pop_mark()?;
@@ -760,22 +816,22 @@ impl Machine<'_> {
                     }
                     let cls = items.remove(0);
                     let args = self.node(Node::Tuple(items))?;
-                    self.object(cls, args)?
+                    self.object(cls, args, None)?
                 }
                 b'i' => {
                     let module = self.line()?.to_vec();
                     let name = self.line()?.to_vec();
                     let (module, name) = (self.text(&module)?, self.text(&name)?);
                     let items = self.pop_mark()?;
-                    let cls = self.node(Node::Leaf(PyValue::Global { module, name }))?;
+                    let cls = self.node(Node::Leaf(PyValue::global(module, name)))?;
                     let args = self.node(Node::Tuple(items))?;
-                    self.object(cls, args)?
+                    self.object(cls, args, None)?
                 }
                 b'b' => {
                     let new_state = self.pop()?;
                     let target = self.top()?;
                     match &mut self.nodes[target] {
-                        Node::Object { state, .. } => *state = Some(new_state),
+                        Node::Object(object) => object.state = Some(new_state),
                         _ => return Err(PickleError::Malformed("BUILD on a non-object", at)),
                     }
                 }
@@ -822,111 +878,97 @@ impl Machine<'_> {
         }
     }
 
-    /// The bytes `expand` would charge for node `id` (saturating), each node sized once.
-    fn expanded_size(
-        &self,
-        id: usize,
-        depth: usize,
-        sizes: &mut [Option<usize>],
-    ) -> Result<usize, PickleError> {
-        if depth > MAX_DEPTH {
-            return Err(PickleError::TooDeep);
-        }
-        if let Some(known) = sizes.get(id).copied().flatten() {
-            return Ok(known);
-        }
-        let mut sum = |ids: &mut dyn Iterator<Item = usize>| -> Result<usize, PickleError> {
-            let mut total = VALUE_BYTES;
-            for child in ids {
-                total = total.saturating_add(self.expanded_size(child, depth + 1, sizes)?);
-            }
-            Ok(total)
-        };
-        let size = match &self.nodes[id] {
-            Node::Leaf(v) => VALUE_BYTES.saturating_add(payload_len(v)),
-            Node::Text(range) | Node::Bytes(range) => VALUE_BYTES.saturating_add(range.len()),
-            Node::List(ids) | Node::Tuple(ids) | Node::Set(ids) => sum(&mut ids.iter().copied())?,
-            Node::Dict(pairs) => sum(&mut pairs.iter().flat_map(|&(k, v)| [k, v]))?,
-            Node::Object {
-                callable,
-                args,
-                state,
-                items,
-                entries,
-            } => sum(&mut [*callable, *args]
-                .into_iter()
-                .chain(*state)
-                .chain(items.iter().copied())
-                .chain(entries.iter().flat_map(|&(k, v)| [k, v])))?,
-        };
-        if let Some(slot) = sizes.get_mut(id) {
-            *slot = Some(size);
-        }
-        Ok(size)
+    /// Whether a dict entry with key `key` is built under `fields`.
+    fn kept(&self, key: usize, fields: Option<FieldFilter>) -> bool {
+        fields.is_none_or(|filter| self.as_str(key).is_none_or(filter.keep))
     }
 
-    /// The value of node `id`, once `expanded_size` has found the whole result within bounds;
-    /// `fields` leaves entries out of the dicts it reaches.
+    /// The value of node `id`, with `fields` leaving entries out of the dicts it reaches.
+    /// Each value is paid for from `budget` before it is built (the root by the caller): the
+    /// result's size is bounded, whatever the sharing in the pickle.
     fn expand(
         &self,
         id: usize,
         depth: usize,
         fields: Option<FieldFilter>,
+        budget: &mut usize,
     ) -> Result<PyValue, PickleError> {
         if depth > MAX_DEPTH {
             return Err(PickleError::TooDeep);
         }
         let below = fields.and_then(FieldFilter::below);
-        let many = |ids: &[usize], filter: Option<FieldFilter>| {
-            ids.iter()
-                .map(|&i| self.expand(i, depth + 1, filter))
-                .collect::<Result<Vec<_>, PickleError>>()
-        };
-        let pairs = |ids: &[(usize, usize)]| {
-            ids.iter()
-                .map(|&(k, v)| {
-                    Ok((
-                        self.expand(k, depth + 1, None)?,
-                        self.expand(v, depth + 1, None)?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, PickleError>>()
-        };
         Ok(match &self.nodes[id] {
-            Node::Leaf(v) => v.clone(),
-            Node::Text(range) => PyValue::Str(self.str_at(range)?.to_owned()),
-            Node::Bytes(range) => PyValue::Bytes(self.data[range.clone()].to_vec()),
-            Node::List(ids) => PyValue::List(many(ids, below)?),
-            Node::Tuple(ids) => PyValue::Tuple(many(ids, below)?),
-            Node::Set(ids) => PyValue::Set(many(ids, None)?),
-            Node::Dict(ids) => match fields {
-                Some(filter) => {
-                    let kept: Vec<(usize, usize)> = ids
-                        .iter()
-                        .copied()
-                        .filter(|&(k, _)| self.as_str(k).is_none_or(filter.keep))
-                        .collect();
-                    PyValue::Dict(pairs(&kept)?)
-                }
-                None => PyValue::Dict(pairs(ids)?),
-            },
-            Node::Object {
-                callable,
-                args,
-                state,
-                items,
-                entries,
-            } => PyValue::Object {
-                callable: Box::new(self.expand(*callable, depth + 1, None)?),
-                args: Box::new(self.expand(*args, depth + 1, below)?),
-                state: match state {
-                    Some(s) => Some(Box::new(self.expand(*s, depth + 1, below)?)),
-                    None => None,
-                },
-                items: many(items, None)?,
-                entries: pairs(entries)?,
-            },
+            Node::Leaf(v) => {
+                charge(budget, payload_len(v))?;
+                v.clone()
+            }
+            Node::Text(text) => {
+                charge(budget, text.len())?;
+                PyValue::Str((*text).to_owned())
+            }
+            Node::Bytes(bytes) => {
+                charge(budget, bytes.len())?;
+                PyValue::Bytes(bytes.to_vec())
+            }
+            Node::List(ids) => PyValue::List(self.expand_all(ids, depth, below, budget)?),
+            Node::Tuple(ids) => PyValue::Tuple(self.expand_all(ids, depth, below, budget)?),
+            Node::Set(ids) => PyValue::Set(self.expand_all(ids, depth, None, budget)?),
+            Node::Dict(ids) if fields.is_some() => {
+                let kept: Vec<(usize, usize)> = ids
+                    .iter()
+                    .copied()
+                    .filter(|&(k, _)| self.kept(k, fields))
+                    .collect();
+                PyValue::Dict(self.expand_pairs(&kept, depth, budget)?)
+            }
+            Node::Dict(ids) => PyValue::Dict(self.expand_pairs(ids, depth, budget)?),
+            Node::Object(object) => {
+                let parts = 2 + usize::from(object.state.is_some());
+                charge_values(budget, parts, std::mem::size_of::<PyObject>())?;
+                PyValue::Object(Box::new(PyObject {
+                    callable: self.expand(object.callable, depth + 1, None, budget)?,
+                    args: self.expand(object.args, depth + 1, below, budget)?,
+                    state: match object.state {
+                        Some(s) => Some(self.expand(s, depth + 1, below, budget)?),
+                        None => None,
+                    },
+                    items: self.expand_all(&object.items, depth, None, budget)?,
+                    entries: self.expand_pairs(&object.entries, depth, budget)?,
+                }))
+            }
         })
+    }
+
+    /// The values of nodes `ids`, children of a value at `depth`.
+    fn expand_all(
+        &self,
+        ids: &[usize],
+        depth: usize,
+        fields: Option<FieldFilter>,
+        budget: &mut usize,
+    ) -> Result<Vec<PyValue>, PickleError> {
+        charge_values(budget, ids.len(), 0)?;
+        let mut values = Vec::with_capacity(ids.len());
+        for &id in ids {
+            values.push(self.expand(id, depth + 1, fields, budget)?);
+        }
+        Ok(values)
+    }
+
+    /// The (key, value) pairs of nodes `ids`, children of a value at `depth`.
+    fn expand_pairs(
+        &self,
+        ids: &[(usize, usize)],
+        depth: usize,
+        budget: &mut usize,
+    ) -> Result<Vec<(PyValue, PyValue)>, PickleError> {
+        charge_values(budget, ids.len().saturating_mul(2), 0)?;
+        let mut values = Vec::with_capacity(ids.len());
+        for &(k, v) in ids {
+            let key = self.expand(k, depth + 1, None, budget)?;
+            values.push((key, self.expand(v, depth + 1, None, budget)?));
+        }
+        Ok(values)
     }
 }
 
@@ -935,6 +977,9 @@ fn payload_len(v: &PyValue) -> usize {
     match v {
         PyValue::Str(s) => s.len(),
         PyValue::Bytes(b) | PyValue::BigInt(b) => b.len(),
+        PyValue::Global(global) => {
+            std::mem::size_of::<PyGlobal>() + global.module.len() + global.name.len()
+        }
         _ => 0,
     }
 }
@@ -1124,6 +1169,23 @@ mod tests {
     }
 
     #[test]
+    fn the_bound_counts_only_what_is_built() {
+        // {"a": 1, "b": <a shared list doubled 30 times>}: too large whole, not when "b" is
+        // left out; kept, it is refused.
+        let mut p = b"\x80\x04}\x8c\x01aK\x01s\x8c\x01b]\x940".to_vec();
+        for i in 0..30u8 {
+            p.extend_from_slice(&[b'h', i, b'h', i, 0x86, 0x94, b'0']);
+        }
+        p.extend_from_slice(b"h\x1es.");
+        let too_large = Err(PickleError::TooLarge("expanded result"));
+        assert_eq!(loads(&p, &[]), too_large);
+        assert_eq!(loads_keeping(&p, &[], &|k| k == "b"), too_large);
+        let kept = loads_keeping(&p, &[], &|k| k == "a").unwrap();
+        assert_eq!(kept.get("a"), Some(&PyValue::Int(1)));
+        assert_eq!(kept.get("b"), None);
+    }
+
+    #[test]
     fn a_dropped_field_is_still_checked() {
         // {"a": 1, "b": <SHORT_BINUNICODE of invalid UTF-8>}: the string is not copied when
         // "b" is left out, but a pickle with invalid text is refused all the same.
@@ -1160,41 +1222,37 @@ mod tests {
         );
     }
 
+    /// An object value built by `callable(*args)`, with `state`.
+    fn object(callable: PyValue, args: PyValue, state: Option<PyValue>) -> PyValue {
+        PyValue::Object(Box::new(PyObject {
+            callable,
+            args,
+            state,
+            items: vec![],
+            entries: vec![],
+        }))
+    }
+
     #[test]
     fn a_slots_state_gives_its_non_empty_dict() {
         let field = || PyValue::Dict(vec![(PyValue::Str("a".into()), PyValue::Int(1))]);
-        let v = PyValue::Object {
-            callable: Box::new(PyValue::Global {
-                module: "m".into(),
-                name: "C".into(),
-            }),
-            args: Box::new(PyValue::Tuple(vec![])),
-            state: Some(Box::new(PyValue::Tuple(vec![
-                PyValue::Dict(vec![]),
-                field(),
-            ]))),
-            items: vec![],
-            entries: vec![],
-        };
+        let state = PyValue::Tuple(vec![PyValue::Dict(vec![]), field()]);
+        let v = object(
+            PyValue::global("m", "C"),
+            PyValue::Tuple(vec![]),
+            Some(state),
+        );
         assert_eq!(v.instance(), Some(("m", "C", &field())));
         assert_same_by_value(&v);
         // The same state handed to a reconstructor, f(cls, (dict, slots)).
-        let PyValue::Object {
-            callable, state, ..
-        } = v
-        else {
+        let PyValue::Object(parts) = v else {
             unreachable!()
         };
-        let reconstructed = PyValue::Object {
-            callable: Box::new(PyValue::Global {
-                module: "copyreg".into(),
-                name: "_reconstructor".into(),
-            }),
-            args: Box::new(PyValue::Tuple(vec![*callable, *state.unwrap()])),
-            state: None,
-            items: vec![],
-            entries: vec![],
-        };
+        let reconstructed = object(
+            PyValue::global("copyreg", "_reconstructor"),
+            PyValue::Tuple(vec![parts.callable, parts.state.unwrap()]),
+            None,
+        );
         assert_eq!(reconstructed.instance(), Some(("m", "C", &field())));
         assert_same_by_value(&reconstructed);
     }
@@ -1314,16 +1372,11 @@ mod tests {
         let v = loads(b"cos\nsystem\n(S'x'\ntR.", &[]).unwrap();
         assert_eq!(
             v,
-            PyValue::Object {
-                callable: Box::new(PyValue::Global {
-                    module: "os".into(),
-                    name: "system".into()
-                }),
-                args: Box::new(PyValue::Tuple(vec![PyValue::Bytes(b"x".to_vec())])),
-                state: None,
-                items: vec![],
-                entries: vec![],
-            }
+            object(
+                PyValue::global("os", "system"),
+                PyValue::Tuple(vec![PyValue::Bytes(b"x".to_vec())]),
+                None
+            )
         );
     }
 
@@ -1334,24 +1387,13 @@ mod tests {
         for v in [3i64, 326, -1] {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
-        let arr = PyValue::Object {
-            callable: Box::new(PyValue::Global {
-                module: "array".into(),
-                name: "_array_reconstructor".into(),
-            }),
-            args: Box::new(PyValue::Tuple(vec![
-                PyValue::Global {
-                    module: "array".into(),
-                    name: "array".into(),
-                },
-                PyValue::Str("q".into()),
-                PyValue::Int(12),
-                PyValue::Bytes(bytes),
-            ])),
-            state: None,
-            items: vec![],
-            entries: vec![],
-        };
+        let args = PyValue::Tuple(vec![
+            PyValue::global("array", "array"),
+            PyValue::Str("q".into()),
+            PyValue::Int(12),
+            PyValue::Bytes(bytes),
+        ]);
+        let arr = object(PyValue::global("array", "_array_reconstructor"), args, None);
         assert_eq!(arr.int_array(), Some(vec![3, 326, -1]));
         assert_eq!(machine_ints(5, &[0xff, 0xfe]), Some(vec![-2])); // int16 BE
         assert_eq!(machine_ints(2, &[0xff, 0xfe]), Some(vec![0xfeff])); // uint16 LE
