@@ -317,6 +317,33 @@ impl Stream {
         }
     }
 
+    /// A whole syscall in one record, next in order, with nothing held back: handed over at
+    /// once (true), without the reorder buffer. Most records are such; putting each in the
+    /// buffer and taking it out again cost a tree node's allocation apiece.
+    fn take_whole(
+        &mut self,
+        io: &IoRecord,
+        payload: &[u8],
+        out: &mut Vec<Piece>,
+        stats: &mut FlowStats,
+    ) -> bool {
+        let whole = io.offset == 0
+            && io.flags & io_flags::LAST != 0
+            && io.flags & (io_flags::TRUNCATED | io_flags::READ_FAILED) == 0;
+        if !whole || !self.pending.is_empty() || io.seq != *self.next_seq.get_or_insert(0) {
+            return false;
+        }
+        self.next_seq = Some(io.seq + 1);
+        let call = Syscall {
+            ts_ns: io.header.ts_ns,
+            data: payload.to_vec(),
+            done: true,
+            ..Syscall::default()
+        };
+        deliver(call, out, stats);
+        true
+    }
+
     /// Hand over every syscall that is complete and next in order.
     fn ready(&mut self, out: &mut Vec<Piece>, stats: &mut FlowStats) {
         while let Some(next) = self.next_seq {
@@ -701,9 +728,11 @@ impl FlowTable {
         }
         let dir = io.direction & 1;
         let stream = &mut flow.streams[dir as usize];
-        stream.add(io, payload, &mut self.stats);
         let mut pieces = Vec::new();
-        stream.ready(&mut pieces, &mut self.stats);
+        if !stream.take_whole(io, payload, &mut pieces, &mut self.stats) {
+            stream.add(io, payload, &mut self.stats);
+            stream.ready(&mut pieces, &mut self.stats);
+        }
         flow.decode(key, dir, pieces, out);
     }
 
