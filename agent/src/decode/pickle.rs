@@ -880,11 +880,6 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// Whether a dict entry with key `key` is built under `fields`.
-    fn kept(&self, key: usize, fields: Option<FieldFilter>) -> bool {
-        fields.is_none_or(|filter| self.as_str(key).is_none_or(filter.keep))
-    }
-
     /// The value of node `id`, with `fields` leaving entries out of the dicts it reaches.
     /// Each value is paid for from `budget` before it is built (the root by the caller): the
     /// result's size is bounded, whatever the sharing in the pickle.
@@ -915,15 +910,17 @@ impl<'a> Machine<'a> {
             Node::List(ids) => PyValue::List(self.expand_all(ids, depth, below, budget)?),
             Node::Tuple(ids) => PyValue::Tuple(self.expand_all(ids, depth, below, budget)?),
             Node::Set(ids) => PyValue::Set(self.expand_all(ids, depth, None, budget)?),
-            Node::Dict(ids) if fields.is_some() => {
-                let kept: Vec<(usize, usize)> = ids
-                    .iter()
-                    .copied()
-                    .filter(|&(k, _)| self.kept(k, fields))
-                    .collect();
-                PyValue::Dict(self.expand_pairs(&kept, depth, budget)?)
-            }
-            Node::Dict(ids) => PyValue::Dict(self.expand_pairs(ids, depth, budget)?),
+            Node::Dict(ids) => match fields {
+                Some(filter) => {
+                    let kept: Vec<(usize, usize)> = ids
+                        .iter()
+                        .copied()
+                        .filter(|&(k, _)| self.as_str(k).is_none_or(filter.keep))
+                        .collect();
+                    PyValue::Dict(self.expand_pairs(&kept, depth, budget)?)
+                }
+                None => PyValue::Dict(self.expand_pairs(ids, depth, budget)?),
+            },
             Node::Object(object) => {
                 let parts = 2 + usize::from(object.state.is_some());
                 charge_values(budget, parts, std::mem::size_of::<PyObject>())?;
