@@ -105,8 +105,12 @@ impl Report {
     }
 
     /// Print the report under `title` with the agent's summary (the last line of its
-    /// `stderr`), then fail the test with everything when an assertion did not hold.
+    /// `stderr`), then fail the test when an assertion did not hold. The failures come first
+    /// and again in the panic message: a CI log cut in the middle keeps its head and tail.
     pub fn print_and_check(&self, title: &str, stderr: &str) {
+        if !self.failures.is_empty() {
+            println!("{title}FAILED: {:#?}", self.failures);
+        }
         println!(
             "{title}{}\n{}",
             self.text,
@@ -114,9 +118,9 @@ impl Report {
         );
         assert!(
             self.failures.is_empty(),
-            "{title}{:#?}\n{}\n{stderr}",
+            "{title}{:#?}\nthe agent's stderr:\n{stderr}\n{title}failed: {:#?}",
             self.failures,
-            self.text
+            self.failures
         );
     }
 }
