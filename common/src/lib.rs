@@ -492,8 +492,8 @@ pub struct ZmqSendRecord {
     pub _pad: u32,
 }
 
-/// MAILBOX_POLL: a `poll` of at most [`MAILBOX_POLL_MAX_FDS`] fds whose first is a captured
-/// eventfd of a tracked process: libzmq checks a socket's mailbox this way each time a
+/// MAILBOX_POLL: a `poll` of at most [`MAILBOX_POLL_MAX_FDS`] fds by a tracked process's main
+/// thread whose first is a captured eventfd: libzmq checks a socket's mailbox this way each time a
 /// non-blocking receive finds no message, so an SGLang scheduler's loop polls its sockets'
 /// mailboxes once per iteration (and both at once, with a timeout, when it sleeps idle).
 /// `header.ts_ns` is the syscall's exit time.

@@ -1,10 +1,11 @@
 //! Polls of libzmq mailboxes: a non-blocking receive that finds no message makes libzmq
 //! check the socket's mailbox eventfd with `poll(fd, 1, 0)`, so an application thread that
 //! drains its sockets once per loop iteration (SGLang's scheduler) leaves one such poll per
-//! socket and iteration, whether or not anything arrived. Only polls whose first fd is one
-//! whose polls userspace follows (`fd_action::CAPTURE_POLLS`) are reported; an fd not
-//! classified yet is reported as new first, like an unknown fd in a read or a write, and its
-//! polls until userspace decides.
+//! socket and iteration, whether or not anything arrived. Only a process's main thread's polls
+//! (the loop runs there; libzmq's I/O thread checks its own mailbox twice per message sent,
+//! which tells userspace nothing) whose first fd is one whose polls userspace follows
+//! (`fd_action::CAPTURE_POLLS`) are reported; an fd not classified yet is reported as new
+//! first, like an unknown fd in a read or a write, and its polls until userspace decides.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, tracepoint},
@@ -40,9 +41,12 @@ static POLLING: HashMap<u64, Polling> = HashMap::with_max_entries(16384, 0);
 
 #[tracepoint]
 pub fn sys_enter_poll(ctx: TracePointContext) -> u32 {
-    let Some((tgid, _)) = tracked_tgid() else {
+    let Some((tgid, tid)) = tracked_tgid() else {
         return 0;
     };
+    if tid != tgid {
+        return 0;
+    }
     // SAFETY: offsets from the sys_enter_poll format file (all arguments are 8 bytes wide).
     let (fds, nfds, timeout) = unsafe {
         (

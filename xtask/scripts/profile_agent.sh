@@ -13,6 +13,9 @@
 set -euo pipefail
 ENGINE=${ENGINE:-vllm}; PORT=${PORT:-18472}; N=${N:-256}; PERF=${PERF:-0}; FREQ=${FREQ:-499}
 AGENT=${1:-target/release/infertrace}
+for tool in bpftool perf; do
+  command -v "$tool" >/dev/null || { echo "$tool not found: apt-get install bpftool linux-perf" >&2; exit 1; }
+done
 HOME_DIR=/var/tmp/infertrace-$ENGINE
 OUT=/tmp/infertrace-profile
 mkdir -p "$OUT"
@@ -37,6 +40,8 @@ for p in json.load(sys.stdin):
 sysctl -qw kernel.bpf_stats_enabled=1
 INFERTRACE_LOG=warn "$AGENT" attach --pid "$PID" --output none 2>"$OUT/agent.err" &
 AGENT_PID=$!
+# The agent is stopped whatever happens below (it holds the caller's stdout).
+trap 'kill -TERM $AGENT_PID 2>/dev/null || true' EXIT
 sleep 4
 prog_stats | sort >"$OUT/before"
 a0=$(cpu_ticks $AGENT_PID); s0=$(cpu_ticks "$PID"); t0=$(date +%s.%N)
