@@ -14,7 +14,7 @@
 //! with an error, never the agent: every length is checked against the bytes left, nodes and
 //! the expanded result are bounded, and `PERSID`/`EXT*` (which need the sender's tables) are
 //! refused.
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 /// Nodes one message may create (each pickle opcode makes at most one).
 const MAX_NODES: usize = 4 << 20;
@@ -59,8 +59,10 @@ pub enum PyValue {
     Tuple(Vec<PyValue>),
     Dict(Vec<(PyValue, PyValue)>),
     Set(Vec<PyValue>),
-    /// A module attribute named by the stream (a class or a function), not imported.
-    Global(Box<PyGlobal>),
+    /// A module attribute named by the stream (a class or a function), not imported. Shared:
+    /// a pickle names a class once and refers to it again for every instance (an SGLang
+    /// batch's arrays and time stats, per request), and each reference is a copy.
+    Global(Arc<PyGlobal>),
     /// What the stream would have built by calling a callable or a class: nothing was called.
     Object(Box<PyObject>),
     /// An out-of-band buffer (protocol 5) the caller did not supply.
@@ -92,7 +94,7 @@ pub struct PyObject {
 
 impl PyValue {
     pub fn global(module: impl Into<String>, name: impl Into<String>) -> Self {
-        PyValue::Global(Box::new(PyGlobal {
+        PyValue::Global(Arc::new(PyGlobal {
             module: module.into(),
             name: name.into(),
         }))
