@@ -282,7 +282,7 @@ pub async fn run_live(
                 if let Some(node) = node.as_mut() {
                     started.extend(servers_started(node, &event));
                 }
-                batch.extend(flows.handle(&event));
+                batch.extend(flows.handle(event));
             }
             // Their records come from the next poll on, after the events that announce them.
             for target in started {
@@ -441,7 +441,7 @@ pub fn replay(
                 if let CaptureEvent::Kernel(r) = &event {
                     last_ts = last_ts.max(r.header().ts_ns);
                 }
-                for decoded in flows.handle(&event) {
+                for decoded in flows.handle(event) {
                     summary.messages += u64::from(decoded.is_message());
                     sink(&header, &decoded);
                 }

@@ -11,11 +11,11 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let mut flows = FlowTable::new();
     if let Ok(record) = records::parse(data) {
-        let _ = flows.handle(&CaptureEvent::Kernel(record));
+        let _ = flows.handle(CaptureEvent::Kernel(record));
     }
     if let Ok((mut reader, _)) = Reader::open(data) {
         while let Ok(Some(event)) = reader.next_event() {
-            let _ = flows.handle(&event);
+            let _ = flows.handle(event);
         }
     }
     let _ = flows.finish(0);

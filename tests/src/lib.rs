@@ -189,7 +189,7 @@ impl Tracer {
 
     fn consume(&mut self, events: Vec<CaptureEvent>) {
         for event in events {
-            self.decoded.extend(self.flows.handle(&event));
+            self.decoded.extend(self.flows.handle(event.clone()));
             self.events.push(event);
         }
     }

@@ -317,16 +317,11 @@ impl Stream {
         }
     }
 
-    /// A whole syscall in one record, next in order, with nothing held back: handed over at
-    /// once (true), without the reorder buffer. Most records are such; putting each in the
-    /// buffer and taking it out again cost a tree node's allocation apiece.
-    fn take_whole(
-        &mut self,
-        io: &IoRecord,
-        payload: &[u8],
-        out: &mut Vec<Piece>,
-        stats: &mut FlowStats,
-    ) -> bool {
+    /// Whether `io` is a whole syscall in one record, next in order, with nothing held back:
+    /// then it is taken as next (true), to be handed over at once, without the reorder buffer.
+    /// Most records are such; putting each in the buffer and taking it out again cost a tree
+    /// node's allocation apiece.
+    fn take_whole(&mut self, io: &IoRecord) -> bool {
         let whole = io.offset == 0
             && io.flags & io_flags::LAST != 0
             && io.flags & (io_flags::TRUNCATED | io_flags::READ_FAILED) == 0;
@@ -334,13 +329,6 @@ impl Stream {
             return false;
         }
         self.next_seq = Some(io.seq + 1);
-        let call = Syscall {
-            ts_ns: io.header.ts_ns,
-            data: payload.to_vec(),
-            done: true,
-            ..Syscall::default()
-        };
-        deliver(call, out, stats);
         true
     }
 
@@ -575,12 +563,16 @@ impl FlowTable {
         self.stats
     }
 
-    /// Handle one capture event; returns the messages it completed.
-    pub fn handle(&mut self, event: &CaptureEvent) -> Vec<Decoded> {
+    /// Handle one capture event; returns the messages it completed. A syscall's payload moves
+    /// into its stream (most are handed to their decoder whole, without a copy).
+    pub fn handle(&mut self, event: CaptureEvent) -> Vec<Decoded> {
         let mut out = Vec::new();
-        match event {
+        if let CaptureEvent::Kernel(Record::Io { io, payload }) = event {
+            self.io(&io, payload, &mut out);
+            return out;
+        }
+        match &event {
             CaptureEvent::Fd { tgid, fd, kind } => self.open(*tgid, *fd, kind.clone(), &mut out),
-            CaptureEvent::Kernel(Record::Io { io, payload }) => self.io(io, payload, &mut out),
             CaptureEvent::Kernel(Record::Close { header, fd }) => {
                 self.end((header.tgid, *fd), header.ts_ns, &mut out);
             }
@@ -699,7 +691,7 @@ impl FlowTable {
         self.flows.insert(key, Flow::new(kind, self.clock));
     }
 
-    fn io(&mut self, io: &IoRecord, payload: &[u8], out: &mut Vec<Decoded>) {
+    fn io(&mut self, io: &IoRecord, payload: Vec<u8>, out: &mut Vec<Decoded>) {
         let key = (io.header.tgid, io.fd);
         self.clock += 1;
         let Some(flow) = self.flows.get_mut(&key) else {
@@ -729,8 +721,16 @@ impl FlowTable {
         let dir = io.direction & 1;
         let stream = &mut flow.streams[dir as usize];
         let mut pieces = Vec::new();
-        if !stream.take_whole(io, payload, &mut pieces, &mut self.stats) {
-            stream.add(io, payload, &mut self.stats);
+        if stream.take_whole(io) {
+            let call = Syscall {
+                ts_ns: io.header.ts_ns,
+                data: payload,
+                done: true,
+                ..Syscall::default()
+            };
+            deliver(call, &mut pieces, &mut self.stats);
+        } else {
+            stream.add(io, &payload, &mut self.stats);
             stream.ready(&mut pieces, &mut self.stats);
         }
         flow.decode(key, dir, pieces, out);
@@ -812,7 +812,7 @@ mod tests {
     fn table(kind: FdKind) -> FlowTable {
         let mut t = FlowTable::new();
         assert!(
-            t.handle(&CaptureEvent::Fd {
+            t.handle(CaptureEvent::Fd {
                 tgid: TGID,
                 fd: FD,
                 kind
@@ -845,10 +845,10 @@ mod tests {
         let mut t = table(FdKind::Log {
             what: "stderr".into(),
         });
-        let mut out = t.handle(&io(0, direction::EGRESS, 0, b"[t] Decode", true));
-        out.extend(t.handle(&io(1, direction::EGRESS, 0, b" batch\nnext\n", true)));
+        let mut out = t.handle(io(0, direction::EGRESS, 0, b"[t] Decode", true));
+        out.extend(t.handle(io(1, direction::EGRESS, 0, b" batch\nnext\n", true)));
         // What the process reads from the fd is not its log.
-        out.extend(t.handle(&io(0, direction::INGRESS, 0, b"typed\n", true)));
+        out.extend(t.handle(io(0, direction::INGRESS, 0, b"typed\n", true)));
         let lines: Vec<(u64, &str)> = out
             .iter()
             .map(|d| match d {
@@ -866,8 +866,8 @@ mod tests {
     fn a_watched_eventfd_gives_one_wakeup_per_syscall_and_an_unwatched_one_nothing() {
         let signal = 1u64.to_ne_bytes();
         let mut t = table(FdKind::Eventfd { watched: true });
-        let mut out = t.handle(&io(0, direction::EGRESS, 0, &signal, true));
-        out.extend(t.handle(&io(1, direction::INGRESS, 0, &signal, true)));
+        let mut out = t.handle(io(0, direction::EGRESS, 0, &signal, true));
+        out.extend(t.handle(io(1, direction::INGRESS, 0, &signal, true)));
         let wakeups: Vec<(bool, u64)> = out
             .iter()
             .map(|d| match d {
@@ -882,7 +882,7 @@ mod tests {
 
         let mut t = table(FdKind::Eventfd { watched: false });
         assert!(
-            t.handle(&io(0, direction::EGRESS, 0, &signal, true))
+            t.handle(io(0, direction::EGRESS, 0, &signal, true))
                 .is_empty()
         );
         assert_eq!(t.stats().ignored_bytes, 8);
@@ -901,7 +901,7 @@ mod tests {
             enter_ns: 400,
             ret: 1,
         });
-        let out = FlowTable::new().handle(&poll);
+        let out = FlowTable::new().handle(poll);
         let wait = LoopWait {
             tgid: TGID,
             enter_ns: 400,
@@ -915,11 +915,11 @@ mod tests {
     #[test]
     fn chunks_of_one_syscall_and_syscalls_out_of_order_are_put_back_in_order() {
         let mut t = table(server());
-        let mut out = t.handle(&io(0, direction::INGRESS, 0, REQ, true));
+        let mut out = t.handle(io(0, direction::INGRESS, 0, REQ, true));
         // The response's two syscalls arrive in reverse order; the first is split in 2 records.
-        out.extend(t.handle(&io(1, direction::EGRESS, 0, &RESP[40..], true)));
-        out.extend(t.handle(&io(0, direction::EGRESS, 0, &RESP[..20], false)));
-        out.extend(t.handle(&io(0, direction::EGRESS, 20, &RESP[20..40], true)));
+        out.extend(t.handle(io(1, direction::EGRESS, 0, &RESP[40..], true)));
+        out.extend(t.handle(io(0, direction::EGRESS, 0, &RESP[..20], false)));
+        out.extend(t.handle(io(0, direction::EGRESS, 20, &RESP[20..40], true)));
         assert_eq!(http_count(&out), 1);
         let Decoded::Http { exchange, .. } = &out[0] else {
             unreachable!()
@@ -931,12 +931,12 @@ mod tests {
     #[test]
     fn a_syscall_that_never_arrives_becomes_a_gap_after_two_ticks() {
         let mut t = table(server());
-        t.handle(&io(0, direction::INGRESS, 0, REQ, true));
+        t.handle(io(0, direction::INGRESS, 0, REQ, true));
         // Response seq 0 is lost; seq 1 holds a whole new response that cannot be trusted as
         // the first one's: the decoder must not glue them.
-        t.handle(&io(1, direction::EGRESS, 0, RESP, true));
-        assert!(t.handle(&CaptureEvent::Tick).is_empty());
-        let out = t.handle(&CaptureEvent::Tick);
+        t.handle(io(1, direction::EGRESS, 0, RESP, true));
+        assert!(t.handle(CaptureEvent::Tick).is_empty());
+        let out = t.handle(CaptureEvent::Tick);
         assert_eq!(t.stats().gaps, 1);
         // The request's exchange is reported incomplete, never with a made-up response body.
         for d in &out {
@@ -952,29 +952,29 @@ mod tests {
     #[test]
     fn a_syscall_without_its_last_record_is_a_gap_and_late_records_are_counted() {
         let mut t = table(server());
-        t.handle(&io(0, direction::INGRESS, 0, &REQ[..10], false));
-        t.handle(&CaptureEvent::Tick);
-        t.handle(&CaptureEvent::Tick);
+        t.handle(io(0, direction::INGRESS, 0, &REQ[..10], false));
+        t.handle(CaptureEvent::Tick);
+        t.handle(CaptureEvent::Tick);
         assert_eq!(t.stats().gaps, 1);
-        t.handle(&io(0, direction::INGRESS, 10, &REQ[10..], true));
+        t.handle(io(0, direction::INGRESS, 10, &REQ[10..], true));
         assert_eq!(t.stats().late_records, 1);
         // The stream goes on with the next syscall.
-        t.handle(&io(1, direction::INGRESS, 0, REQ, true));
-        let out = t.handle(&io(0, direction::EGRESS, 0, RESP, true));
+        t.handle(io(1, direction::INGRESS, 0, REQ, true));
+        let out = t.handle(io(0, direction::EGRESS, 0, RESP, true));
         assert_eq!(http_count(&out), 1);
     }
 
     #[test]
     fn vanished_fds_are_decoded_by_content() {
         let mut t = table(FdKind::Vanished);
-        t.handle(&io(0, direction::INGRESS, 0, REQ, true));
-        let out = t.handle(&io(0, direction::EGRESS, 0, RESP, true));
+        t.handle(io(0, direction::INGRESS, 0, REQ, true));
+        let out = t.handle(io(0, direction::EGRESS, 0, RESP, true));
         assert_eq!(http_count(&out), 1);
 
         // Bytes that are neither HTTP nor ZMTP are not decoded.
         let mut t = table(FdKind::Vanished);
         assert!(
-            t.handle(&io(0, direction::INGRESS, 0, b"\x00\x01binary", true))
+            t.handle(io(0, direction::INGRESS, 0, b"\x00\x01binary", true))
                 .is_empty()
         );
         assert!(t.finish(0).is_empty());
@@ -983,7 +983,7 @@ mod tests {
     #[test]
     fn closing_a_flow_reports_the_open_exchange() {
         let mut t = table(server());
-        t.handle(&io(0, direction::INGRESS, 0, REQ, true));
+        t.handle(io(0, direction::INGRESS, 0, REQ, true));
         let header = RecordHeader {
             kind: kind::CLOSE,
             tgid: TGID,
@@ -991,7 +991,7 @@ mod tests {
             _pad: 0,
             ts_ns: 9,
         };
-        let out = t.handle(&CaptureEvent::Kernel(Record::Close { header, fd: FD }));
+        let out = t.handle(CaptureEvent::Kernel(Record::Close { header, fd: FD }));
         assert_eq!(http_count(&out), 1);
         let Decoded::Http { exchange, .. } = &out[0] else {
             unreachable!()
