@@ -16,7 +16,7 @@ use infertrace_common::{FdKey, MAILBOX_POLL_MAX_FDS, MailboxPollRecord, counter,
 
 use crate::{
     io::{apply_decision, report_new_fd},
-    shared::{FD_CLASS, count, header, submit, tracked_tgid},
+    shared::{FD_CLASS, count, header, submit, tracked_main_thread},
 };
 
 /// Offsets of the syscall arguments in a sys_enter_poll record, and of `ret` in sys_exit_poll.
@@ -41,12 +41,9 @@ static POLLING: HashMap<u64, Polling> = HashMap::with_max_entries(16384, 0);
 
 #[tracepoint]
 pub fn sys_enter_poll(ctx: TracePointContext) -> u32 {
-    let Some((tgid, tid)) = tracked_tgid() else {
+    let Some(tgid) = tracked_main_thread() else {
         return 0;
     };
-    if tid != tgid {
-        return 0;
-    }
     // SAFETY: offsets from the sys_enter_poll format file (all arguments are 8 bytes wide).
     let (fds, nfds, timeout) = unsafe {
         (

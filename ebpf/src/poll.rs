@@ -16,7 +16,7 @@ use aya_ebpf::{
 };
 use infertrace_common::{PollRecord, counter, kind};
 
-use crate::shared::{header, set_own_entry, submit, tracked_tgid};
+use crate::shared::{header, set_own_entry, submit, tracked_main_thread};
 
 /// Offset of `ret` in a sys_exit_* record.
 const RET: usize = 16;
@@ -35,14 +35,6 @@ const ARMED: u64 = 1;
 /// epoll wait.
 pub(crate) fn arm(tgid: u32) {
     set_own_entry(&POLL_STATE, &tgid, ARMED);
-}
-
-/// The tracked process's tgid when the current task is its main thread.
-#[inline(always)]
-fn tracked_main_thread() -> Option<u32> {
-    tracked_tgid()
-        .filter(|(tgid, tid)| tgid == tid)
-        .map(|(tgid, _)| tgid)
 }
 
 fn on_enter() -> u32 {

@@ -58,6 +58,14 @@ pub fn tracked_tgid() -> Option<(u32, u32)> {
     unsafe { TRACKED.get(&tgid) }.map(|_| (tgid, id as u32))
 }
 
+/// The tracked process's tgid when the current task is its main thread.
+#[inline(always)]
+pub fn tracked_main_thread() -> Option<u32> {
+    tracked_tgid()
+        .filter(|(tgid, tid)| tgid == tid)
+        .map(|(tgid, _)| tgid)
+}
+
 #[inline(always)]
 pub fn count(index: u32, by: u64) {
     if let Some(counters) = COUNTERS.get_ptr_mut(0) {
