@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use infertrace::{
-    decode::{flows::Decoded, pickle::loads},
+    decode::{flows::Decoded, pickle::loads, pyread::PyRead},
     discover::engine::Target,
     engines::{
         Engine,

@@ -9,6 +9,7 @@ pub mod http;
 pub mod lines;
 pub mod openai;
 pub mod pickle;
+pub mod pyread;
 pub mod python;
 pub mod sse;
 pub mod zmtp;

@@ -10,13 +10,17 @@
 //!   message whose field count does not fit fails (counted) rather than being misread. Token id
 //!   arrays travel as extension 1 (`array.array`), `time_stats` as `["PickleWrapper", pickle]`.
 //!
-//! Both are turned into the same field dict ([`PyValue`]), and the typed messages are read
-//! from it by name.
+//! A pickle is read in place ([`pickle::parse`]), a msgpack message turned into a field dict
+//! ([`PyValue`]), and the typed messages are read from either by name, by the same code
+//! ([`PyRead`]).
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use rmpv::Value;
 
-use crate::decode::pickle::{self, PickleError, PyValue};
+use crate::decode::{
+    pickle::{self, PickleError, PyValue},
+    pyread::PyRead,
+};
 
 /// Deepest msgpack nesting accepted.
 const MAX_DEPTH: usize = 64;
@@ -416,14 +420,25 @@ impl SglangDecoder {
     /// traced socket); an error: it was one, and did not decode.
     pub fn decode(&self, frames: &[Vec<u8>]) -> Option<Result<SglangMessage, SglangError>> {
         let first = frames.first()?;
-        let fields = if is_pickled(frames) {
-            pickled_fields(first, &frames[1..])
-        } else if first.is_empty() {
+        if is_pickled(frames) {
+            return Some(self.pickled(first, &frames[1..]));
+        }
+        if first.is_empty() {
             return None;
-        } else {
-            self.msgpack_fields(first)?
-        };
+        }
+        let fields = self.msgpack_fields(first)?;
         Some(fields.and_then(|(class, fields)| typed(&class, &fields, self.table)))
+    }
+
+    /// A pickled io_struct instance, read in place.
+    fn pickled(&self, data: &[u8], buffers: &[Vec<u8>]) -> Result<SglangMessage, SglangError> {
+        let pickle = pickle::parse(data, buffers)?;
+        match pickle.root().instance() {
+            Some((module, class, fields)) if module == IO_STRUCT_MODULE => {
+                typed(class, fields, self.table)
+            }
+            _ => Err(SglangError::Field("message", "io_struct instance")),
+        }
     }
 
     /// A msgpack `[class, fields...]` array as (class, field dict); None when it is not one.
@@ -457,37 +472,6 @@ impl SglangDecoder {
             .map(|(name, value)| Ok((PyValue::Str((*name).to_owned()), from_msgpack(value)?)))
             .collect::<Result<Vec<_>, SglangError>>();
         Some(fields.map(|f| (class, PyValue::Dict(f))))
-    }
-}
-
-/// The fields `typed` reads, of every class it reads.
-const READ_FIELDS: &[&str] = &[
-    // TokenizedGenerateReqInput
-    "rid",
-    "input_ids",
-    "sampling_params",
-    "stream",
-    "bootstrap_room",
-    "time_stats",
-    // AbortReq
-    "abort_all",
-    "finished_reason",
-    // BatchTokenIDOutput, BatchStrOutput
-    "rids",
-    "finished_reasons",
-    "output_ids",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "retraction_counts",
-];
-
-/// A pickled io_struct instance as (class, field dict), with only the fields `typed` reads.
-fn pickled_fields(data: &[u8], buffers: &[Vec<u8>]) -> Result<(String, PyValue), SglangError> {
-    let keep = |name: &str| READ_FIELDS.contains(&name);
-    match pickle::loads_keeping(data, buffers, &keep)?.into_instance() {
-        Some((module, class, fields)) if module == IO_STRUCT_MODULE => Ok((class, fields)),
-        _ => Err(SglangError::Field("message", "io_struct instance")),
     }
 }
 
@@ -556,12 +540,16 @@ fn array_items(data: &[u8]) -> Option<Vec<i64>> {
     )
 }
 
-fn typed(class: &str, f: &PyValue, table: &FieldTable) -> Result<SglangMessage, SglangError> {
+fn typed<'v>(
+    class: &str,
+    f: impl PyRead<'v>,
+    table: &FieldTable,
+) -> Result<SglangMessage, SglangError> {
     Ok(match class {
         "TokenizedGenerateReqInput" => SglangMessage::Request(Box::new(request(f, table)?)),
         "AbortReq" => SglangMessage::Abort(SglangAbort {
             rid: str_field(f, "rid").ok_or(SglangError::Field("AbortReq", "rid"))?,
-            abort_all: f.get("abort_all").and_then(PyValue::as_i64) == Some(1),
+            abort_all: f.get("abort_all").and_then(PyRead::as_i64) == Some(1),
             finish: f.get("finished_reason").and_then(finish),
         }),
         "BatchTokenIDOutput" => SglangMessage::Outputs(outputs(f, OutputStage::TokenIds)?),
@@ -570,18 +558,18 @@ fn typed(class: &str, f: &PyValue, table: &FieldTable) -> Result<SglangMessage, 
     })
 }
 
-fn str_field(f: &PyValue, name: &str) -> Option<String> {
+fn str_field<'v>(f: impl PyRead<'v>, name: &str) -> Option<String> {
     f.get(name)?.as_str().map(str::to_owned)
 }
 
-fn count(v: &PyValue) -> Option<u64> {
+fn count<'v>(v: impl PyRead<'v>) -> Option<u64> {
     v.as_i64().and_then(|i| u64::try_from(i).ok())
 }
 
-fn request(f: &PyValue, table: &FieldTable) -> Result<SglangRequest, SglangError> {
+fn request<'v>(f: impl PyRead<'v>, table: &FieldTable) -> Result<SglangRequest, SglangError> {
     const CLASS: &str = "TokenizedGenerateReqInput";
     let rid = str_field(f, "rid").ok_or(SglangError::Field(CLASS, "rid"))?;
-    let input_ids = f.get("input_ids").and_then(PyValue::int_array);
+    let input_ids = f.get("input_ids").and_then(PyRead::int_array);
     let prompt_tokens = input_ids.as_ref().map(|ids| ids.len() as u64);
     let prompt_key = input_ids.map(|ids| {
         let mut h = DefaultHasher::new();
@@ -596,7 +584,7 @@ fn request(f: &PyValue, table: &FieldTable) -> Result<SglangRequest, SglangError
         rid,
         prompt_tokens,
         prompt_key,
-        stream: f.get("stream").and_then(PyValue::as_i64) == Some(1),
+        stream: f.get("stream").and_then(PyRead::as_i64) == Some(1),
         sampling,
         bootstrap_room: f.get("bootstrap_room").and_then(count),
         trace: f.get("time_stats").and_then(trace_context),
@@ -604,38 +592,35 @@ fn request(f: &PyValue, table: &FieldTable) -> Result<SglangRequest, SglangError
 }
 
 /// SamplingParams: a rebuilt instance (pickle) or a plain field array (msgpack).
-fn sampling(v: &PyValue, table: &FieldTable) -> SglangSampling {
-    let named: PyValue;
-    let fields = match (v.instance(), v.as_seq()) {
-        (Some((_, _, fields)), _) => fields,
-        (None, Some(items)) if items.len() == table.sampling.len() => {
-            named = PyValue::Dict(
-                table
-                    .sampling
-                    .iter()
-                    .zip(items)
-                    .map(|(k, v)| (PyValue::Str((*k).to_owned()), v.clone()))
-                    .collect(),
-            );
-            &named
-        }
-        _ => return SglangSampling::default(),
+fn sampling<'v, V: PyRead<'v>>(v: V, table: &FieldTable) -> SglangSampling {
+    let named = v.instance().map(|(_, _, fields)| fields);
+    let positional = v
+        .items()
+        .filter(|items| items.len() == table.sampling.len());
+    let field = |name: &str| match (named, &positional) {
+        (Some(fields), _) => fields.get(name),
+        (None, Some(items)) => table
+            .sampling
+            .iter()
+            .position(|k| *k == name)
+            .map(|i| items[i]),
+        (None, None) => None,
     };
     SglangSampling {
-        max_new_tokens: fields.get("max_new_tokens").and_then(count),
-        temperature: fields.get("temperature").and_then(PyValue::as_f64),
-        top_p: fields.get("top_p").and_then(PyValue::as_f64),
-        top_k: fields.get("top_k").and_then(PyValue::as_i64),
-        n: fields.get("n").and_then(count),
-        stream_interval: fields.get("stream_interval").and_then(count),
+        max_new_tokens: field("max_new_tokens").and_then(count),
+        temperature: field("temperature").and_then(PyRead::as_f64),
+        top_p: field("top_p").and_then(PyRead::as_f64),
+        top_k: field("top_k").and_then(PyRead::as_i64),
+        n: field("n").and_then(count),
+        stream_interval: field("stream_interval").and_then(count),
     }
 }
 
 /// `APIServerReqTimeStats.trace_ctx` of a request, when SGLang's tracing is on.
-fn trace_context(time_stats: &PyValue) -> Option<TraceContext> {
+fn trace_context<'v>(time_stats: impl PyRead<'v>) -> Option<TraceContext> {
     let (_, _, state) = time_stats.instance()?;
     let ctx = state.get("trace_ctx")?;
-    if ctx.get("tracing_enable").and_then(PyValue::as_i64) != Some(1) {
+    if ctx.get("tracing_enable").and_then(PyRead::as_i64) != Some(1) {
         return None;
     }
     Some(TraceContext {
@@ -645,34 +630,34 @@ fn trace_context(time_stats: &PyValue) -> Option<TraceContext> {
         start_time_ns: ctx.get("start_time_ns").and_then(count),
         realtime_minus_monotonic_s: state
             .get("diff_realtime_monotonic")
-            .and_then(PyValue::as_f64),
+            .and_then(PyRead::as_f64),
     })
 }
 
-fn finish(v: &PyValue) -> Option<SglangFinish> {
+fn finish<'v>(v: impl PyRead<'v>) -> Option<SglangFinish> {
     Some(SglangFinish {
         kind: str_field(v, "type")?,
         message: str_field(v, "message"),
-        status_code: v.get("status_code").and_then(PyValue::as_i64),
+        status_code: v.get("status_code").and_then(PyRead::as_i64),
     })
 }
 
-fn outputs(f: &PyValue, stage: OutputStage) -> Result<SglangOutputs, SglangError> {
+fn outputs<'v>(f: impl PyRead<'v>, stage: OutputStage) -> Result<SglangOutputs, SglangError> {
     let class = match stage {
         OutputStage::TokenIds => "BatchTokenIDOutput",
         OutputStage::Strings => "BatchStrOutput",
     };
     let rids = f
         .get("rids")
-        .and_then(PyValue::as_seq)
+        .and_then(PyRead::items)
         .ok_or(SglangError::Field(class, "rids"))?;
     // Per-request columns, parallel to `rids`; a column that is None or short is absent.
-    let column = |name: &str| -> Vec<Option<&PyValue>> {
-        let items = f.get(name).and_then(PyValue::as_seq).unwrap_or_default();
-        (0..rids.len()).map(|i| items.get(i)).collect()
+    let column = |name: &str| {
+        let items = f.get(name);
+        move |i: usize| items.and_then(|column| column.item(i))
     };
     let ints = |name: &str| -> Vec<Option<u64>> {
-        let values = f.get(name).and_then(PyValue::int_array).unwrap_or_default();
+        let values = f.get(name).and_then(PyRead::int_array).unwrap_or_default();
         (0..rids.len())
             .map(|i| values.get(i).and_then(|&v| u64::try_from(v).ok()))
             .collect()
@@ -693,25 +678,25 @@ fn outputs(f: &PyValue, stage: OutputStage) -> Result<SglangOutputs, SglangError
         let rid = rid.as_str().ok_or(SglangError::Field(class, "rids"))?;
         items.push(RidOutput {
             rid: rid.to_owned(),
-            finish: finished[i].and_then(finish),
-            new_tokens: output_ids[i]
-                .and_then(PyValue::int_array)
-                .map_or(0, |ids| ids.len() as u64),
+            finish: finished(i).and_then(finish),
+            new_tokens: output_ids(i)
+                .and_then(PyRead::int_count)
+                .map_or(0, |n| n as u64),
             prompt_tokens: prompt[i],
             completion_tokens: completion[i],
             cached_tokens: cached[i],
             retractions: retractions[i],
-            times: times[i].and_then(scheduler_times),
+            times: times(i).and_then(scheduler_times),
         });
     }
     Ok(SglangOutputs { stage, items })
 }
 
 /// A `SchedulerReqTimeStats` with its state (empty without `--enable-metrics`: None).
-fn scheduler_times(v: &PyValue) -> Option<SchedulerTimes> {
+fn scheduler_times<'v>(v: impl PyRead<'v>) -> Option<SchedulerTimes> {
     let (_, _, state) = v.instance()?;
     // Unset instants are 0.0 in SGLang's dataclass.
-    let at = |k: &str| state.get(k).and_then(PyValue::as_f64).filter(|t| *t > 0.0);
+    let at = |k: &str| state.get(k).and_then(PyRead::as_f64).filter(|t| *t > 0.0);
     let times = SchedulerTimes {
         wait_queue_entry: at("wait_queue_entry_time"),
         forward_entry: at("forward_entry_time"),
