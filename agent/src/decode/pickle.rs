@@ -6,7 +6,12 @@
 //! `GLOBAL`/`STACK_GLOBAL` become [`PyValue::Global`] (a name), `REDUCE`/`NEWOBJ`/`OBJ`/`INST`
 //! become [`PyValue::Object`] (the callable or class, its arguments, and the state `BUILD`
 //! gave it), so a dataclass, a msgspec struct (`msgspec._utils.rebuild(cls, fields)`) or a
-//! `copyreg` reconstruction all come out as data that [`PyValue::instance`] reads.
+//! `copyreg` reconstruction all come out as data that
+//! [`PyRead::instance`](super::pyread::PyRead::instance) reads.
+//!
+//! Two ways out: [`loads`] builds the value, [`parse`] leaves the decoder's nodes to be read in
+//! place ([`PyRef`]), which is what SGLang's decoder does with every message (it reads a few
+//! of a batch's dozens of columns).
 //!
 //! Protocols 0 to 5: framing, the memo (shared and even self-referencing values, kept in an
 //! arena so that later mutation is seen through every reference), out-of-band buffers (given by
@@ -114,8 +119,8 @@ impl PyValue {
 #[derive(Debug)]
 enum Node<'a> {
     Leaf(PyValue),
-    /// A string (checked UTF-8 when read) or bytes, where they lie in the pickle: copied only
-    /// when the result keeps them (most of an SGLang batch's texts are left out).
+    /// A string (checked UTF-8 as it is decoded) or bytes, where they lie in the pickle: copied only
+    /// when [`loads`] builds the value (a [`PyRef`] reads them there).
     Text(&'a str),
     Bytes(&'a [u8]),
     List(Vec<usize>),
@@ -953,6 +958,14 @@ fn raw_unicode_escape(bytes: &[u8]) -> Option<String> {
     Some(out)
 }
 
+/// SHORT_BINUNICODE `s`, for tests that write pickles by hand.
+#[cfg(test)]
+pub(crate) fn short_unicode(p: &mut Vec<u8>, s: &str) {
+    p.push(0x8c);
+    p.push(s.len() as u8);
+    p.extend_from_slice(s.as_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1194,11 +1207,7 @@ mod tests {
     fn reconstructors_and_globals_are_data_not_calls() {
         // msgspec's pickling of a Struct: rebuild(cls, {field: value}), built by hand.
         let mut p = vec![0x80, 4];
-        let short = |p: &mut Vec<u8>, s: &str| {
-            p.push(0x8c);
-            p.push(s.len() as u8);
-            p.extend_from_slice(s.as_bytes());
-        };
+        let short = short_unicode;
         short(&mut p, "msgspec._utils");
         short(&mut p, "rebuild");
         p.push(0x93);

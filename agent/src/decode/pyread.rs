@@ -279,7 +279,7 @@ impl<'v> PyRead<'v> for PyRef<'v> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::pickle::{loads, parse};
+    use crate::decode::pickle::{loads, parse, short_unicode};
 
     #[test]
     fn machine_formats() {
@@ -294,11 +294,7 @@ mod tests {
     /// `array._array_reconstructor(array.array, typecode, format, bytes)`.
     fn pickled_array(format: u8, bytes: &[u8]) -> Vec<u8> {
         let mut p = vec![0x80, 4];
-        let short = |p: &mut Vec<u8>, s: &str| {
-            p.push(0x8c);
-            p.push(s.len() as u8);
-            p.extend_from_slice(s.as_bytes());
-        };
+        let short = short_unicode;
         short(&mut p, "array");
         short(&mut p, "_array_reconstructor");
         p.push(0x93);
