@@ -335,6 +335,19 @@ pub fn count_spans(ours: &Path, text: &str) -> usize {
         .count()
 }
 
+/// The `llm_request` spans of `ours` that vLLM's own tracing exports too: all but those of
+/// requests the client aborted, which vLLM ends without a span (waiting for those held every
+/// run for the whole export wait).
+pub fn count_llm_requests_vllm_exports(ours: &Path) -> usize {
+    std::fs::read_to_string(ours)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["name"] == "llm_request")
+        .filter(|v| v["attributes"]["infertrace.finish_reason"] != "abort")
+        .count()
+}
+
 /// Where [`attach`] writes the folded Python stacks of a run whose JSONL goes to `ours`.
 pub fn profile_of(ours: &Path) -> PathBuf {
     ours.with_extension("folded")

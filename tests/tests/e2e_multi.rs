@@ -133,7 +133,7 @@ fn check_vllm(server: &Server, ours: &Path, dir: &Path, stderr: &str) {
     let client = dir.join(format!("client-{}.json", server.port));
     live::merge_client_records(&server.client_parts, &client);
     let after = get(server.port, "/metrics");
-    let ours_spans = count_spans(&mine, "llm_request");
+    let ours_spans = live::count_llm_requests_vllm_exports(&mine);
     server
         .receiver
         .wait_for_spans("llm_request", ours_spans, EXPORT_WAIT);

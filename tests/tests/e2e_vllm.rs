@@ -82,7 +82,7 @@ fn vllm_spans_and_metrics_match_vllms_own_tracing() {
     }
     let stderr = stop(agent);
     // vLLM's batch span processor exports every 5 s.
-    let spans = live::count_spans(&ours, "llm_request");
+    let spans = live::count_llm_requests_vllm_exports(&ours);
     receiver.wait_for_spans("llm_request", spans, Duration::from_secs(30));
 
     receiver.write_out();
