@@ -119,8 +119,8 @@ impl PyValue {
 #[derive(Debug)]
 enum Node<'a> {
     Leaf(PyValue),
-    /// A string (checked UTF-8 as it is decoded) or bytes, where they lie in the pickle: copied only
-    /// when [`loads`] builds the value (a [`PyRef`] reads them there).
+    /// A string (checked UTF-8 as it is decoded) or bytes, where they lie in the pickle:
+    /// copied only when [`loads`] builds the value (a [`PyRef`] reads them there).
     Text(&'a str),
     Bytes(&'a [u8]),
     List(Vec<usize>),
@@ -141,6 +141,15 @@ struct ObjectNode {
 }
 
 impl Node<'_> {
+    /// The string the node holds, if it is one.
+    fn text(&self) -> Option<&str> {
+        match self {
+            Node::Text(s) => Some(s),
+            Node::Leaf(PyValue::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+
     /// APPEND(S): items into a list, a set or a list subclass.
     fn append(&mut self, ids: impl Iterator<Item = usize>, at: usize) -> Result<(), PickleError> {
         match self {
@@ -228,6 +237,77 @@ impl Pickle<'_> {
             id: self.top,
         }
     }
+
+    /// The value of node `id`. Each value is paid for from `budget` before it is built (the
+    /// root by the caller): the result's size is bounded, whatever the sharing in the pickle.
+    fn expand(&self, id: usize, depth: usize, budget: &mut usize) -> Result<PyValue, PickleError> {
+        if depth > MAX_DEPTH {
+            return Err(PickleError::TooDeep);
+        }
+        Ok(match &self.nodes[id] {
+            Node::Leaf(v) => {
+                charge(budget, payload_len(v))?;
+                v.clone()
+            }
+            Node::Text(text) => {
+                charge(budget, text.len())?;
+                PyValue::Str((*text).to_owned())
+            }
+            Node::Bytes(bytes) => {
+                charge(budget, bytes.len())?;
+                PyValue::Bytes(bytes.to_vec())
+            }
+            Node::List(ids) => PyValue::List(self.expand_all(ids, depth, budget)?),
+            Node::Tuple(ids) => PyValue::Tuple(self.expand_all(ids, depth, budget)?),
+            Node::Set(ids) => PyValue::Set(self.expand_all(ids, depth, budget)?),
+            Node::Dict(ids) => PyValue::Dict(self.expand_pairs(ids, depth, budget)?),
+            Node::Object(object) => {
+                let parts = 2 + usize::from(object.state.is_some());
+                charge_values(budget, parts, std::mem::size_of::<PyObject>())?;
+                PyValue::Object(Box::new(PyObject {
+                    callable: self.expand(object.callable, depth + 1, budget)?,
+                    args: self.expand(object.args, depth + 1, budget)?,
+                    state: match object.state {
+                        Some(s) => Some(self.expand(s, depth + 1, budget)?),
+                        None => None,
+                    },
+                    items: self.expand_all(&object.items, depth, budget)?,
+                    entries: self.expand_pairs(&object.entries, depth, budget)?,
+                }))
+            }
+        })
+    }
+
+    /// The values of nodes `ids`, children of a value at `depth`.
+    fn expand_all(
+        &self,
+        ids: &[usize],
+        depth: usize,
+        budget: &mut usize,
+    ) -> Result<Vec<PyValue>, PickleError> {
+        charge_values(budget, ids.len(), 0)?;
+        let mut values = Vec::with_capacity(ids.len());
+        for &id in ids {
+            values.push(self.expand(id, depth + 1, budget)?);
+        }
+        Ok(values)
+    }
+
+    /// The (key, value) pairs of nodes `ids`, children of a value at `depth`.
+    fn expand_pairs(
+        &self,
+        ids: &[(usize, usize)],
+        depth: usize,
+        budget: &mut usize,
+    ) -> Result<Vec<(PyValue, PyValue)>, PickleError> {
+        charge_values(budget, ids.len().saturating_mul(2), 0)?;
+        let mut values = Vec::with_capacity(ids.len());
+        for &(k, v) in ids {
+            let key = self.expand(k, depth + 1, budget)?;
+            values.push((key, self.expand(v, depth + 1, budget)?));
+        }
+        Ok(values)
+    }
 }
 
 /// One value of a [`Pickle`], read with [`PyRead`](super::pyread::PyRead).
@@ -251,11 +331,7 @@ impl<'p> PyRef<'p> {
     }
 
     pub(super) fn text(self) -> Option<&'p str> {
-        match &self.nodes[self.id] {
-            Node::Text(s) => Some(s),
-            Node::Leaf(PyValue::Str(s)) => Some(s),
-            _ => None,
-        }
+        self.nodes[self.id].text()
     }
 
     pub(super) fn byte_string(self) -> Option<&'p [u8]> {
@@ -303,11 +379,10 @@ fn loads_within(
     buffers: &[Vec<u8>],
     max_expanded: usize,
 ) -> Result<PyValue, PickleError> {
-    let mut m = Machine::new(data, buffers);
-    let top = m.run()?;
+    let pickle = parse(data, buffers)?;
     let mut budget = max_expanded;
     charge_values(&mut budget, 1, 0)?;
-    m.expand(top, 0, &mut budget)
+    pickle.expand(pickle.top, 0, &mut budget)
 }
 
 /// Take `values` values' worth of bytes (plus `payload`) from what the expanded result may
@@ -462,15 +537,6 @@ impl<'a> Machine<'a> {
     fn text(&self, bytes: &[u8]) -> Result<String, PickleError> {
         String::from_utf8(bytes.to_vec())
             .map_err(|_| PickleError::Malformed("invalid UTF-8", self.at))
-    }
-
-    /// The string a node holds, if it is one.
-    fn as_str(&self, id: usize) -> Option<&str> {
-        match &self.nodes[id] {
-            Node::Leaf(PyValue::Str(s)) => Some(s),
-            Node::Text(s) => Some(s),
-            _ => None,
-        }
     }
 
     /// Alternating keys and values as pairs.
@@ -712,7 +778,8 @@ impl<'a> Machine<'a> {
                     let name = self.pop()?;
                     let module = self.pop()?;
                     let text = |m: &Self, id: usize| {
-                        m.as_str(id)
+                        m.nodes[id]
+                            .text()
                             .map(str::to_owned)
                             .ok_or(PickleError::Malformed("STACK_GLOBAL of non-strings", at))
                     };
@@ -798,77 +865,6 @@ impl<'a> Machine<'a> {
                 other => return Err(PickleError::UnknownOpcode(other, at)),
             }
         }
-    }
-
-    /// The value of node `id`. Each value is paid for from `budget` before it is built (the
-    /// root by the caller): the result's size is bounded, whatever the sharing in the pickle.
-    fn expand(&self, id: usize, depth: usize, budget: &mut usize) -> Result<PyValue, PickleError> {
-        if depth > MAX_DEPTH {
-            return Err(PickleError::TooDeep);
-        }
-        Ok(match &self.nodes[id] {
-            Node::Leaf(v) => {
-                charge(budget, payload_len(v))?;
-                v.clone()
-            }
-            Node::Text(text) => {
-                charge(budget, text.len())?;
-                PyValue::Str((*text).to_owned())
-            }
-            Node::Bytes(bytes) => {
-                charge(budget, bytes.len())?;
-                PyValue::Bytes(bytes.to_vec())
-            }
-            Node::List(ids) => PyValue::List(self.expand_all(ids, depth, budget)?),
-            Node::Tuple(ids) => PyValue::Tuple(self.expand_all(ids, depth, budget)?),
-            Node::Set(ids) => PyValue::Set(self.expand_all(ids, depth, budget)?),
-            Node::Dict(ids) => PyValue::Dict(self.expand_pairs(ids, depth, budget)?),
-            Node::Object(object) => {
-                let parts = 2 + usize::from(object.state.is_some());
-                charge_values(budget, parts, std::mem::size_of::<PyObject>())?;
-                PyValue::Object(Box::new(PyObject {
-                    callable: self.expand(object.callable, depth + 1, budget)?,
-                    args: self.expand(object.args, depth + 1, budget)?,
-                    state: match object.state {
-                        Some(s) => Some(self.expand(s, depth + 1, budget)?),
-                        None => None,
-                    },
-                    items: self.expand_all(&object.items, depth, budget)?,
-                    entries: self.expand_pairs(&object.entries, depth, budget)?,
-                }))
-            }
-        })
-    }
-
-    /// The values of nodes `ids`, children of a value at `depth`.
-    fn expand_all(
-        &self,
-        ids: &[usize],
-        depth: usize,
-        budget: &mut usize,
-    ) -> Result<Vec<PyValue>, PickleError> {
-        charge_values(budget, ids.len(), 0)?;
-        let mut values = Vec::with_capacity(ids.len());
-        for &id in ids {
-            values.push(self.expand(id, depth + 1, budget)?);
-        }
-        Ok(values)
-    }
-
-    /// The (key, value) pairs of nodes `ids`, children of a value at `depth`.
-    fn expand_pairs(
-        &self,
-        ids: &[(usize, usize)],
-        depth: usize,
-        budget: &mut usize,
-    ) -> Result<Vec<(PyValue, PyValue)>, PickleError> {
-        charge_values(budget, ids.len().saturating_mul(2), 0)?;
-        let mut values = Vec::with_capacity(ids.len());
-        for &(k, v) in ids {
-            let key = self.expand(k, depth + 1, budget)?;
-            values.push((key, self.expand(v, depth + 1, budget)?));
-        }
-        Ok(values)
     }
 }
 
