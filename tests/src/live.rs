@@ -327,10 +327,8 @@ pub fn wait_until_settled(agent: &Agent) {
 
 /// The spans in the JSONL `ours` whose name contains `text`.
 pub fn count_spans(ours: &Path, text: &str) -> usize {
-    std::fs::read_to_string(ours)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    crate::vllm_truth::json_lines(ours)
+        .iter()
         .filter(|v| v["name"].as_str().is_some_and(|n| n.contains(text)))
         .count()
 }
@@ -339,10 +337,8 @@ pub fn count_spans(ours: &Path, text: &str) -> usize {
 /// requests the client aborted, which vLLM ends without a span (waiting for those held every
 /// run for the whole export wait).
 pub fn count_llm_requests_vllm_exports(ours: &Path) -> usize {
-    std::fs::read_to_string(ours)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    crate::vllm_truth::json_lines(ours)
+        .iter()
         .filter(|v| v["name"] == "llm_request")
         .filter(|v| v["attributes"]["infertrace.finish_reason"] != "abort")
         .count()
