@@ -240,7 +240,8 @@ struct OutputArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=4))]
     sglang_trace_level: u8,
     /// Put prompts and generated text on the entry spans (off by default: they may be
-    /// sensitive).
+    /// sensitive). Without it, the kernel reports the writes of streamed text by time and
+    /// size only, which costs the agent far less.
     #[arg(long)]
     capture_content: bool,
     /// Seconds between metrics snapshots (console, JSONL, OTLP).
@@ -415,6 +416,7 @@ impl TraceArgs {
             ),
             duration,
             targets: Vec::new(),
+            elide_content: !self.output.capture_content,
         })
     }
 }

@@ -44,6 +44,9 @@ pub struct LiveOptions {
     /// The servers to trace (their pids and what discovery found of them, kept in
     /// recordings).
     pub targets: Vec<Target>,
+    /// Let the kernel report the servers' streamed content writes by time and size only
+    /// (when generated text is not exported: their text is then not needed).
+    pub elide_content: bool,
 }
 
 /// What a session saw, printed when it ends.
@@ -116,7 +119,8 @@ impl std::fmt::Display for Summary {
         let s = &self.flows;
         write!(
             f,
-            "{} records ({} B of payload, {} CUDA records); decoded {} messages from {} syscalls ({} B); lost: {} \
+            "{} records ({} B of payload, {} CUDA records); decoded {} messages from {} syscalls ({} B; \
+             {} streamed content writes of {} B reported by time and size only); lost: {} \
              ring-full records, {} truncated syscalls ({} B past the cap), {} unreadable chunks, \
              {} map-full; {} stream gaps, {} late records, {} bad records; {} fds closed \
              before classification (decoded by content); {} B of fds found uninteresting",
@@ -126,6 +130,8 @@ impl std::fmt::Display for Summary {
             self.messages,
             s.syscalls,
             s.bytes,
+            s.elided_syscalls,
+            s.elided_bytes,
             k.ring_full,
             k.truncated_syscalls,
             k.truncated_bytes,
@@ -238,7 +244,11 @@ pub async fn run_live(
         }
         None => None,
     };
-    let mut flows = FlowTable::new();
+    let mut flows = if options.elide_content {
+        FlowTable::eliding_content()
+    } else {
+        FlowTable::new()
+    };
     let mut summary = Summary::starting_at(start_offset);
     // SAFETY: the ring buffer fd belongs to `live`, which outlives `ring` (dropped first below).
     let ring =
@@ -283,6 +293,9 @@ pub async fn run_live(
                     started.extend(servers_started(node, &event));
                 }
                 batch.extend(flows.handle(event));
+            }
+            for (tgid, template) in flows.take_template_changes() {
+                live.set_sse_template(tgid, &template);
             }
             // Their records come from the next poll on, after the events that announce them.
             for target in started {

@@ -40,6 +40,9 @@ pub mod kind {
     /// A process that is not tracked called execve, while `Config::announce_execs` is set
     /// ([`ProcRecord`]): the node agent decides whether it starts an engine.
     pub const SPAWN: u32 = 15;
+    /// Writes of streamed content that the kernel matched against their response's
+    /// [`SseTemplate`] and did not copy: their times and sizes ([`SseBatchRecord`]).
+    pub const SSE_BATCH: u32 = 16;
 }
 
 /// The probed CUDA driver entry points (every `_v2`/`_ptsz` variant maps to its base), as
@@ -149,8 +152,11 @@ pub mod counter {
     pub const MAP_FULL: u32 = 5;
     /// Reads of a driver call's output (handle or name) that failed: the name is not known.
     pub const CUDA_READ_FAILED: u32 = 6;
+    /// Writes matched against their response's [`SseTemplate`](super::SseTemplate) and
+    /// reported by time and size only.
+    pub const SSE_ELIDED: u32 = 7;
     /// Number of counters.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 8;
 }
 
 /// The value of the per-CPU `COUNTERS` map's only entry: every counter, indexed by
@@ -301,13 +307,317 @@ pub struct FdState {
     /// reported the fd). Its reads are not copied while userspace decides: no decoder reads
     /// files, and a process loading a model or its modules reads gigabytes of them.
     pub file: u8,
-    pub _pad: [u8; 2],
+    /// Non-zero: the fd has elided writes in `SSE_BATCHES` not yet sent (the kernel sends
+    /// them before any other record of the fd, so that userspace sees its syscalls in order).
+    pub sse_pending: u8,
+    /// Non-zero: the fd's last write matched its process's `SseTemplate` (the next one that
+    /// does may be elided: a response's first content write is copied, it names the response).
+    pub sse_matched: u8,
     /// Which incarnation of the fd number this is (never 0): userspace's decision for a
     /// PENDING fd carries it, so that a decision made after the fd was closed and its number
     /// reused is not applied to the new file or connection.
     pub generation: u32,
     /// Next sequence number per direction (index: [`direction`]).
     pub seq: [u64; 2],
+}
+
+/// Most bytes before a response's id in an [`SseTemplate`] (`data: {"id":"`).
+pub const SSE_LEAD_MAX: usize = 32;
+/// Longest response id of a matched write.
+pub const SSE_ID_MAX: usize = 96;
+/// Most prefix bytes (from the id's closing quote to the content) of an [`SseTemplate`].
+pub const SSE_PREFIX_MAX: usize = 384;
+/// Most suffix bytes of an [`SseTemplate`].
+pub const SSE_SUFFIX_MAX: usize = 192;
+/// Longest write matched against a template.
+pub const SSE_WRITE_MAX: usize = 1024;
+/// Longest content (the bytes between prefix and suffix: a JSON string's text) of a matched
+/// write.
+pub const SSE_CONTENT_MAX: usize = 128;
+/// Elided writes per [`SseBatchRecord`].
+pub const SSE_BATCH_LEN: usize = 32;
+
+/// What the writes of streamed content of a server's responses look like, for the kernel to
+/// recognise the writes that carry nothing but a piece of generated text (value of
+/// `SSE_TEMPLATES`, per process, set by userspace from a write it decoded). A write matches
+/// when it is exactly one HTTP chunk (`size CRLF data CRLF`) whose data is: the lead, a
+/// response id (1 to [`SSE_ID_MAX`] bytes, no `"` or `\`), the prefix (which starts with the
+/// id's closing quote; its wildcard bytes, a creation time's digits, match any byte), the
+/// content (0 to [`SSE_CONTENT_MAX`] bytes of a JSON string, where every `"` is escaped: no
+/// field of the JSON can hide there), and the suffix, which ends with the chunk's closing
+/// CRLF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SseTemplate {
+    /// The lead in native-endian 8-byte words, the last partial one zero-padded.
+    pub lead: [u64; SSE_LEAD_MAX / 8],
+    /// The prefix in words, wildcard bytes zeroed; the last partial word zero-padded.
+    pub prefix: [u64; SSE_PREFIX_MAX / 8],
+    /// 0xff for each byte of `prefix` compared, 0 for a wildcard or padding byte.
+    pub prefix_mask: [u64; SSE_PREFIX_MAX / 8],
+    pub suffix: [u64; SSE_SUFFIX_MAX / 8],
+    /// The last 8 bytes of each part (each is at least 8 bytes long), so that a partial last
+    /// word is compared as a whole word ending where the part ends.
+    pub lead_tail: u64,
+    pub prefix_tail: u64,
+    pub prefix_tail_mask: u64,
+    pub suffix_tail: u64,
+    pub lead_len: u32,
+    pub prefix_len: u32,
+    pub suffix_len: u32,
+    pub _pad: u32,
+}
+
+impl SseTemplate {
+    /// The template of these parts, the prefix's bytes in `wildcards` (ranges of indices)
+    /// matching anything; None when a part is shorter than 8 bytes or longer than its
+    /// maximum.
+    pub fn new(
+        lead: &[u8],
+        prefix: &[u8],
+        wildcards: &[core::ops::Range<usize>],
+        suffix: &[u8],
+    ) -> Option<Self> {
+        let fits = |part: &[u8], max: usize| (8..=max).contains(&part.len());
+        if !fits(lead, SSE_LEAD_MAX)
+            || !fits(prefix, SSE_PREFIX_MAX)
+            || !fits(suffix, SSE_SUFFIX_MAX)
+        {
+            return None;
+        }
+        let mut mask = [0u8; SSE_PREFIX_MAX];
+        mask[..prefix.len()].fill(0xff);
+        for range in wildcards {
+            if let Some(bytes) = mask.get_mut(range.clone()) {
+                bytes.fill(0);
+            }
+        }
+        let mask = &mask[..prefix.len()];
+        let mut masked = [0u8; SSE_PREFIX_MAX];
+        for (i, (&byte, &keep)) in prefix.iter().zip(mask).enumerate() {
+            masked[i] = byte & keep;
+        }
+        let masked = &masked[..prefix.len()];
+        let mut template = SseTemplate {
+            lead: [0; SSE_LEAD_MAX / 8],
+            prefix: [0; SSE_PREFIX_MAX / 8],
+            prefix_mask: [0; SSE_PREFIX_MAX / 8],
+            suffix: [0; SSE_SUFFIX_MAX / 8],
+            lead_tail: tail_word(lead),
+            prefix_tail: tail_word(masked),
+            prefix_tail_mask: tail_word(mask),
+            suffix_tail: tail_word(suffix),
+            lead_len: lead.len() as u32,
+            prefix_len: prefix.len() as u32,
+            suffix_len: suffix.len() as u32,
+            _pad: 0,
+        };
+        fill_words(&mut template.lead, lead);
+        fill_words(&mut template.prefix, masked);
+        fill_words(&mut template.prefix_mask, mask);
+        fill_words(&mut template.suffix, suffix);
+        Some(template)
+    }
+}
+
+/// A write being matched against a template, with room for the masked 8-byte reads.
+pub type SseWriteBuf = [u8; 2 * SSE_WRITE_MAX + 8];
+
+/// Index mask of an [`SseWriteBuf`]: any masked index leaves room for an 8-byte read (the
+/// verifier checks every read against the buffer's bounds).
+const SSE_INDEX_MASK: usize = 2 * SSE_WRITE_MAX - 1;
+
+impl SseTemplate {
+    /// The length of the content, when the first `n` bytes of `buf` are one HTTP chunk that
+    /// this template describes.
+    pub fn matches(&self, buf: &SseWriteBuf, n: usize) -> Option<usize> {
+        self.id_end(buf, n)
+            .and_then(|at| self.matches_after_id(buf, n, at))
+    }
+
+    /// Where the response id of the chunk in the first `n` bytes of `buf` ends (its closing
+    /// quote), when the chunk's framing and lead are this template's. The kernel runs this
+    /// and [`Self::matches_after_id`] on each candidate write, passing the index between them
+    /// through memory: each id length would otherwise be a path of its own for the verifier.
+    #[inline(always)]
+    pub fn id_end(&self, buf: &SseWriteBuf, n: usize) -> Option<usize> {
+        let start = chunk_data(buf, n)?;
+        let lead = self.lead_len as usize;
+        if !(8..=SSE_LEAD_MAX).contains(&lead)
+            || start + lead >= n
+            || !words_match(buf, start, lead, &self.lead, None, self.lead_tail, u64::MAX)
+        {
+            return None;
+        }
+        let id = start + lead;
+        for k in 0..SSE_ID_MAX {
+            match buf[(id + k) & SSE_INDEX_MASK] {
+                b'"' if k > 0 => return Some(id + k),
+                b'"' | b'\\' => return None,
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The length of the content, when the bytes of the chunk in the first `n` bytes of `buf`
+    /// from `at` (the end of its id, see [`Self::id_end`]) are the prefix, content and suffix
+    /// of this template.
+    #[inline(always)]
+    pub fn matches_after_id(&self, buf: &SseWriteBuf, n: usize, at: usize) -> Option<usize> {
+        let prefix = self.prefix_len as usize;
+        let suffix = self.suffix_len as usize;
+        if n > SSE_WRITE_MAX
+            || at > SSE_WRITE_MAX
+            || !(8..=SSE_PREFIX_MAX).contains(&prefix)
+            || !(8..=SSE_SUFFIX_MAX).contains(&suffix)
+            || at + prefix + suffix > n
+            || n - at - prefix - suffix > SSE_CONTENT_MAX
+        {
+            return None;
+        }
+        let prefix_mask = Some(&self.prefix_mask);
+        let (tail, tail_mask) = (self.prefix_tail, self.prefix_tail_mask);
+        if !words_match(buf, at, prefix, &self.prefix, prefix_mask, tail, tail_mask)
+            || !words_match(
+                buf,
+                n - suffix,
+                suffix,
+                &self.suffix,
+                None,
+                self.suffix_tail,
+                u64::MAX,
+            )
+        {
+            return None;
+        }
+        // The content is one JSON string's text: a quote that no backslash escapes would end
+        // it there.
+        let content = at + prefix..n - suffix;
+        let mut escaped = false;
+        for k in 0..SSE_CONTENT_MAX {
+            let at = content.start + k;
+            if at >= content.end {
+                break;
+            }
+            match buf[at & SSE_INDEX_MASK] {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => return None,
+                _ => {}
+            }
+        }
+        (!escaped).then_some(content.len())
+    }
+}
+
+/// Where the data of the HTTP chunk in the first `n` bytes of `buf` starts, when those bytes
+/// are exactly one chunk: hex size, CRLF, data, CRLF (uvicorn writes no extensions).
+#[inline(always)]
+fn chunk_data(buf: &SseWriteBuf, n: usize) -> Option<usize> {
+    let mut size = 0usize;
+    let mut head = 0usize;
+    for (i, &b) in buf.iter().take(6).enumerate() {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            b'\r' if i > 0 => {
+                head = i;
+                break;
+            }
+            _ => return None,
+        };
+        size = size * 16 + digit as usize;
+    }
+    let framed = head > 0
+        && buf[(head + 1) & SSE_INDEX_MASK] == b'\n'
+        && n <= SSE_WRITE_MAX
+        && head + 2 + size + 2 == n;
+    framed.then_some(head + 2)
+}
+
+/// Whether the `len` bytes of `buf` at `at` are `words` (masked by `mask`), the last 8 of them
+/// `tail` (masked by `tail_mask`). `len` is 8 to `8 * words.len()`.
+#[inline(always)]
+fn words_match<const N: usize>(
+    buf: &SseWriteBuf,
+    at: usize,
+    len: usize,
+    words: &[u64; N],
+    mask: Option<&[u64; N]>,
+    tail: u64,
+    tail_mask: u64,
+) -> bool {
+    for j in 0..N {
+        if (j + 1) * 8 > len {
+            break;
+        }
+        let keep = mask.map_or(u64::MAX, |mask| mask[j]);
+        if word(buf, at + j * 8) & keep != words[j] {
+            return false;
+        }
+    }
+    word(buf, at + len - 8) & tail_mask == tail
+}
+
+/// The native-endian word at `at` (masked) of a write buffer.
+#[inline(always)]
+fn word(buf: &SseWriteBuf, at: usize) -> u64 {
+    let at = at & SSE_INDEX_MASK;
+    // SAFETY: at <= SSE_INDEX_MASK, so at + 8 <= the buffer's length; the read is unaligned.
+    unsafe { core::ptr::read_unaligned(buf.as_ptr().add(at).cast::<u64>()) }
+}
+
+/// The last 8 bytes of `bytes` (at least 8 long) as a native-endian word.
+fn tail_word(bytes: &[u8]) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[bytes.len() - 8..]);
+    u64::from_ne_bytes(word)
+}
+
+/// `bytes` as native-endian words, the last one zero-padded.
+fn fill_words(words: &mut [u64], bytes: &[u8]) {
+    for (word, part) in words.iter_mut().zip(bytes.chunks(8)) {
+        let mut raw = [0u8; 8];
+        raw[..part.len()].copy_from_slice(part);
+        *word = u64::from_ne_bytes(raw);
+    }
+}
+
+/// One write the kernel did not copy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ElidedWrite {
+    /// The write's sequence number ([`IoRecord::seq`]).
+    pub seq: u64,
+    /// Its exit time (as [`IoRecord`]'s `header.ts_ns`).
+    pub ts_ns: u64,
+    /// Bytes written.
+    pub len: u32,
+    /// Bytes of its content (the generated text as JSON string text; 0: none).
+    pub content: u32,
+}
+
+/// SSE_BATCH: elided writes of one fd, in order; only the first `count` entries are sent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SseBatchRecord {
+    pub header: RecordHeader,
+    pub fd: u32,
+    pub count: u32,
+    pub entries: [ElidedWrite; SSE_BATCH_LEN],
+}
+
+impl Default for SseBatchRecord {
+    fn default() -> Self {
+        Self {
+            header: RecordHeader::default(),
+            fd: 0,
+            count: 0,
+            entries: [ElidedWrite::default(); SSE_BATCH_LEN],
+        }
+    }
 }
 
 /// Distinct kernels a [`CudaStepRecord`] counts one by one; launches of further kernels in
@@ -609,4 +919,5 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::PyProcess {}
     unsafe impl aya::Pod for super::PyStack {}
+    unsafe impl aya::Pod for super::SseTemplate {}
 }

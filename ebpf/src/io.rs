@@ -22,9 +22,12 @@ use infertrace_common::{
     fd_action, io_flags, kind, syscall,
 };
 
-use crate::shared::{
-    EVENTS, FD_CLASS, FD_DECISION, config, count, header, set_own_entry, submit, submit_now,
-    tracked_tgid, wakeup_flags,
+use crate::{
+    shared::{
+        EVENTS, FD_CLASS, FD_DECISION, config, count, header, set_own_entry, submit, submit_now,
+        tracked_tgid, wakeup_flags,
+    },
+    sse,
 };
 
 /// Offsets of the syscall arguments in a sys_enter_* record, and of `ret` in sys_exit_*.
@@ -243,7 +246,8 @@ fn read_kernel<T>(at: u64) -> Option<T> {
     unsafe { bpf_probe_read_kernel(at as *const T) }.ok()
 }
 
-fn on_exit(ctx: &TracePointContext) -> u32 {
+/// `may_elide`: a flat write whose payload may be a streamed response's content (see sse.rs).
+fn on_exit(ctx: &TracePointContext, may_elide: bool) -> u32 {
     let id = bpf_get_current_pid_tgid();
     let Some(slot) = IN_FLIGHT.get_ptr_mut(&id) else {
         return 0;
@@ -284,6 +288,17 @@ fn on_exit(ctx: &TracePointContext) -> u32 {
     if call.direction == direction::INGRESS && id as u32 == tgid {
         crate::poll::arm(tgid);
     }
+    // SAFETY: pointer into a live map value; its SSE fields belong to the fd's writer thread.
+    let state = unsafe { &mut *state };
+    if call.direction == direction::EGRESS {
+        if may_elide && sse::try_elide(&key, state, call.ptr, ret as u64, seq) {
+            return 0;
+        }
+        if !may_elide {
+            state.sse_matched = 0;
+        }
+    }
+    sse::flush(&key, state, true);
     copy_payload(&call, tgid, ret as u64, seq);
     0
 }
@@ -533,11 +548,22 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
         tgid,
         fd: fd as u32,
     };
-    // SAFETY: the value is copied out immediately.
-    let was_captured = matches!(
-        unsafe { FD_CLASS.get(&key) }.map(|s| s.action),
-        Some(fd_action::CAPTURE | fd_action::CAPTURE_POLLS | fd_action::PENDING)
-    );
+    let was_captured = match FD_CLASS.get_ptr_mut(&key) {
+        Some(state) => {
+            // SAFETY: pointer into a live map value, removed below.
+            let state = unsafe { &mut *state };
+            // Elided writes go out before the close that ends their stream.
+            sse::flush(&key, state, false);
+            matches!(
+                state.action,
+                fd_action::CAPTURE | fd_action::CAPTURE_POLLS | fd_action::PENDING
+            )
+        }
+        None => false,
+    };
+    if was_captured {
+        sse::forget(&key);
+    }
     let _ = FD_CLASS.remove(&key);
     let _ = FD_DECISION.remove(&key);
     if was_captured {
@@ -554,6 +580,9 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
 /// One enter and one exit program per captured syscall.
 macro_rules! capture_syscall {
     ($enter:ident, $exit:ident, $id:expr, $dir:expr, $shape:expr) => {
+        capture_syscall!($enter, $exit, $id, $dir, $shape, false);
+    };
+    ($enter:ident, $exit:ident, $id:expr, $dir:expr, $shape:expr, $may_elide:expr) => {
         #[tracepoint]
         pub fn $enter(ctx: TracePointContext) -> u32 {
             on_enter(&ctx, $id, $dir, $shape)
@@ -561,7 +590,7 @@ macro_rules! capture_syscall {
 
         #[tracepoint]
         pub fn $exit(ctx: TracePointContext) -> u32 {
-            on_exit(&ctx)
+            on_exit(&ctx, $may_elide)
         }
     };
 }
@@ -578,7 +607,8 @@ capture_syscall!(
     sys_exit_write,
     syscall::WRITE,
     direction::EGRESS,
-    Shape::Flat
+    Shape::Flat,
+    true
 );
 capture_syscall!(
     sys_enter_readv,
@@ -606,7 +636,8 @@ capture_syscall!(
     sys_exit_sendto,
     syscall::SENDTO,
     direction::EGRESS,
-    Shape::Flat
+    Shape::Flat,
+    true
 );
 capture_syscall!(
     sys_enter_recvmsg,

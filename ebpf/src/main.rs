@@ -21,6 +21,7 @@ mod poll;
 mod proc;
 mod python;
 mod shared;
+mod sse;
 mod zmq;
 
 #[cfg(not(test))]

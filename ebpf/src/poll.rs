@@ -14,7 +14,7 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::TracePointContext,
 };
-use infertrace_common::{PollRecord, counter, kind};
+use infertrace_common::{PollRecord, kind};
 
 use crate::shared::{header, set_own_entry, submit, tracked_main_thread};
 

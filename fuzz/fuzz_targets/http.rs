@@ -3,11 +3,13 @@
 //!
 //! Input format, repeated until the input ends: a control byte, then for feeds a length byte
 //! and that many bytes (fewer if the input ends). Control byte: bit 7 = direction (1 = client
-//! to server); low 4 bits 0 = gap, 1 = close, anything else = feed. Bits 4..6 advance the
-//! timestamp, so equal and increasing timestamps both occur.
+//! to server); low 4 bits 0 = gap, 1 = close, 2 = a write the kernel elided (its length
+//! byte is the write's size, half of it content), anything else = feed. Bits 4..6 advance
+//! the timestamp, so equal and increasing timestamps both occur.
 #![no_main]
 
 use infertrace::decode::http::{HttpConnection, HttpExchange, MAX_BODY};
+use infertrace_common::ElidedWrite;
 use libfuzzer_sys::fuzz_target;
 
 fn check(out: &[HttpExchange]) {
@@ -38,6 +40,19 @@ fuzz_target!(|data: &[u8]| {
         match ctrl & 0x0f {
             0 => conn.gap(from_client),
             1 => check(&conn.close(ts)),
+            2 => {
+                let Some((&len, tail)) = rest.split_first() else {
+                    break;
+                };
+                rest = tail;
+                let write = ElidedWrite {
+                    seq: 0,
+                    ts_ns: ts,
+                    len: u32::from(len),
+                    content: u32::from(len / 2),
+                };
+                check(&conn.elided_event(from_client, &write));
+            }
             _ => {
                 let Some((&len, tail)) = rest.split_first() else {
                     break;

@@ -179,7 +179,8 @@ impl Tracer {
         let (live, initial) = LiveCapture::attach(pids, options).expect("attach (run as root)");
         let mut tracer = Self {
             live,
-            flows: FlowTable::new(),
+            // As the agent runs by default: streamed content is elided.
+            flows: FlowTable::eliding_content(),
             decoded: Vec::new(),
             events: Vec::new(),
         };
@@ -191,6 +192,9 @@ impl Tracer {
         for event in events {
             self.decoded.extend(self.flows.handle(event.clone()));
             self.events.push(event);
+        }
+        for (tgid, template) in self.flows.take_template_changes() {
+            self.live.set_sse_template(tgid, &template);
         }
     }
 
@@ -302,6 +306,14 @@ impl Tracer {
                 _ => None,
             })
             .unwrap_or_default()
+    }
+
+    /// The kernel's counters now.
+    pub fn kernel_counters_now(&mut self) -> infertrace::capture::KernelCounters {
+        match self.live.counters() {
+            CaptureEvent::Counters(counters) => counters,
+            other => panic!("not counters: {other:?}"),
+        }
     }
 
     /// Pump a few more times (for anything still in flight) and close every flow.

@@ -130,3 +130,61 @@ fn keep_alive_chunked_and_sse_exchanges_are_decoded_byte_exact() {
     assert_eq!(seen[3].response.as_ref().unwrap().body, big);
     assert_eq!(stats.gaps, 0, "{stats:?}");
 }
+
+/// A streamed chat completion as vLLM writes it: once the agent has read one content write
+/// whole, the kernel reports the server's later content writes by time and size only (but
+/// each response's first, which names it), and each exchange still has every event, in order,
+/// with the content events told apart.
+#[test]
+fn streamed_content_writes_are_reported_by_time_and_size_in_order() {
+    use infertrace::decode::openai::ApiCall;
+
+    let mut server = Script::start(&[fixture("http_server.py").to_str().unwrap()]);
+    let ready = server.read_line();
+    let port: u16 = ready.strip_prefix("ready ").unwrap().parse().unwrap();
+    let mut tracer = Tracer::attach(&[server.pid()]);
+    let responses = tracer.pump_during(|| {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut writer = stream.try_clone().unwrap();
+        let mut reader = BufReader::new(stream);
+        let request =
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Length: 2\r\n\r\n{}";
+        (0..2)
+            .map(|_| {
+                writer.write_all(request).unwrap();
+                read_response(&mut reader)
+            })
+            .collect::<Vec<_>>()
+    });
+    assert!(responses.iter().all(|r| r.ends_with(b"0\r\n\r\n")));
+    let pid = server.pid();
+    let done = tracer.pump_until(Duration::from_secs(10), |d| exchanges(d, pid).len() >= 2);
+    assert!(done, "{}", tracer.describe());
+    let elided_by_kernel = tracer.kernel_counters_now().sse_elided;
+    let (decoded, stats) = tracer.finish();
+    let seen = exchanges(&decoded, pid);
+    assert_eq!(seen.len(), 2, "{seen:#?}");
+    for (n, exchange) in seen.iter().enumerate() {
+        assert!(exchange.complete, "{exchange:?}");
+        let events = &exchange.response.as_ref().unwrap().sse_events;
+        // Role, 42 content writes (one without text), finish, [DONE].
+        assert_eq!(events.len(), 45, "{events:#?}");
+        assert!(events.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns));
+        let elided: Vec<usize> = (0..events.len())
+            .filter(|&i| events[i].elided.is_some())
+            .collect();
+        // Only content writes are elided: the first response's from the second after the
+        // pause, the second's from its second.
+        let first = if n == 0 { 4 } else { 2 };
+        assert_eq!(elided, (first..=42).collect::<Vec<_>>(), "response {n}");
+        assert_eq!(events[41].elided, Some(0), "the write without text");
+        assert_eq!(events[42].elided, Some(r#"say \"hi\""#.len() as u32));
+        assert_eq!(events[44].data, "[DONE]");
+        let call = ApiCall::from_exchange(exchange).unwrap();
+        assert_eq!(call.content_event_ns.len(), 41);
+        assert_eq!(call.finish_reasons, ["length"]);
+    }
+    assert_eq!(stats.elided_syscalls, 39 + 41);
+    assert_eq!(elided_by_kernel, stats.elided_syscalls);
+    assert_eq!(stats.gaps, 0, "{stats:?}");
+}

@@ -3,9 +3,10 @@
 # "The agent's cost, measured and cut"). As root, with the engine started by
 # `cargo xtask engine <vllm|sglang> start --port PORT -- <no prefix cache flag>`:
 #
-#   ENGINE=vllm PORT=18472 [PERF=1] [FREQ=499] [N=256] xtask/scripts/profile_agent.sh [BIN]
+#   ENGINE=vllm PORT=18472 [PERF=1] [FREQ=499] [N=256] [AGENT_FLAGS=...] \
+#     xtask/scripts/profile_agent.sh [BIN]
 #
-# Attaches BIN (default target/release/infertrace) with --output none, waits for it to settle,
+# Attaches BIN (default target/release/infertrace) with --output none (and AGENT_FLAGS), waits for it to settle,
 # runs the engine's own serving benchmark (N streamed requests, 256 tokens in, 64 out) and
 # prints the agent's CPU per request during the load, the API server's CPU, and the runs and
 # time of each kernel program (kernel.bpf_stats_enabled). PERF=1 also records the agent with
@@ -38,7 +39,8 @@ for p in json.load(sys.stdin):
     print(p["id"], p.get("run_time_ns", 0), p.get("run_cnt", 0), p.get("name", "?"))'
 }
 sysctl -qw kernel.bpf_stats_enabled=1
-INFERTRACE_LOG=warn "$AGENT" attach --pid "$PID" --output none 2>"$OUT/agent.err" &
+# shellcheck disable=SC2086 # AGENT_FLAGS is a list of flags.
+INFERTRACE_LOG=warn "$AGENT" attach --pid "$PID" --output none ${AGENT_FLAGS:-} 2>"$OUT/agent.err" &
 AGENT_PID=$!
 # The agent is stopped whatever happens below (it holds the caller's stdout).
 trap 'kill -TERM $AGENT_PID 2>/dev/null || true' EXIT

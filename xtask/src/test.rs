@@ -24,6 +24,7 @@ const FUZZ_TARGETS: &[&str] = &[
     "pickle",
     "sglang",
     "sglang_log",
+    "sse_template",
 ];
 
 pub fn test(skip_fuzz: bool) -> anyhow::Result<()> {

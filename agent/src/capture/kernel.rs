@@ -20,7 +20,8 @@ use aya::{
     },
 };
 use infertrace_common::{
-    Config, Counters, FdDecision, FdKey, FdState, FileOffsets, PyProcess, PyStack, counter, cuda_fn,
+    Config, Counters, FdDecision, FdKey, FdState, FileOffsets, PyProcess, PyStack, SseTemplate,
+    counter, cuda_fn,
 };
 
 use super::{cuda_watch::CudaOptions, python_watch::PythonOptions};
@@ -126,6 +127,8 @@ pub struct KernelCounters {
     pub captured_syscalls: u64,
     pub map_full: u64,
     pub cuda_read_failed: u64,
+    /// Streamed content writes reported by time and size only (ebpf/src/sse.rs).
+    pub sse_elided: u64,
 }
 
 /// Loaded and attached programs. Detaches when dropped.
@@ -143,6 +146,7 @@ pub struct KernelCapture {
     tracked: HashMap<MapData, u32, u8>,
     fd_class: HashMap<MapData, FdKey, FdState>,
     fd_decision: HashMap<MapData, FdKey, FdDecision>,
+    sse_templates: HashMap<MapData, u32, SseTemplate>,
     counters: PerCpuArray<MapData, Counters>,
 }
 
@@ -192,9 +196,14 @@ impl KernelCapture {
             ebpf.take_map("FD_DECISION")
                 .context("FD_DECISION missing")?,
         )?;
+        let sse_templates = HashMap::try_from(
+            ebpf.take_map("SSE_TEMPLATES")
+                .context("SSE_TEMPLATES missing")?,
+        )?;
         let counters =
             PerCpuArray::try_from(ebpf.take_map("COUNTERS").context("COUNTERS missing")?)?;
         Ok(Self {
+            sse_templates,
             ebpf,
             uprobes_loaded: HashSet::new(),
             uprobe_links: StdHashMap::new(),
@@ -244,6 +253,16 @@ impl KernelCapture {
     pub fn forget_process(&mut self, tgid: u32) {
         remove_process_keys(&mut self.fd_class, tgid);
         remove_process_keys(&mut self.fd_decision, tgid);
+        // Gone already when it never streamed.
+        let _ = self.sse_templates.remove(&tgid);
+    }
+
+    /// Let the kernel report the writes of process `tgid` that match `template` by time and
+    /// size only (ebpf/src/sse.rs). A full map leaves them copied.
+    pub fn set_sse_template(&mut self, tgid: u32, template: &SseTemplate) -> anyhow::Result<()> {
+        self.sse_templates
+            .insert(tgid, *template, 0)
+            .with_context(|| format!("setting the stream template of pid {tgid}"))
     }
 
     /// Attach the CUDA probes to `sites` of the driver library at `driver` (a path this process
@@ -472,6 +491,7 @@ impl KernelCapture {
             captured_syscalls: sum(counter::CAPTURED_SYSCALLS),
             map_full: sum(counter::MAP_FULL),
             cuda_read_failed: sum(counter::CUDA_READ_FAILED),
+            sse_elided: sum(counter::SSE_ELIDED),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::{
 };
 
 use anyhow::bail;
+use infertrace_common::SseTemplate;
 
 use super::{
     CaptureEvent, ProcessInfo, Record,
@@ -254,8 +255,17 @@ impl LiveCapture {
             | Record::CudaName(_)
             | Record::ZmqSend(_)
             | Record::MailboxPoll(_)
-            | Record::PickleDumps { .. } => {}
+            | Record::PickleDumps { .. }
+            | Record::SseBatch { .. } => {}
             Record::PySample(sample) => self.python.sample(sample, &mut self.kernel, out),
+        }
+    }
+
+    /// Let the kernel report process `tgid`'s streamed content writes that match `template`
+    /// by time and size only. Failing leaves them copied.
+    pub fn set_sse_template(&mut self, tgid: u32, template: &SseTemplate) {
+        if let Err(e) = self.kernel.set_sse_template(tgid, template) {
+            tracing::warn!("{e:#}: its streamed content is copied whole");
         }
     }
 

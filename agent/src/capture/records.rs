@@ -3,8 +3,9 @@
 //! Pure and total: any byte string gives either a record or an error, never a panic, because
 //! recorded files are untrusted input to `infertrace replay`.
 use infertrace_common::{
-    CudaCallRecord, CudaNameRecord, CudaStepRecord, IoRecord, MailboxPollRecord, NewFdRecord,
-    PollRecord, ProcRecord, PySampleRecord, RecordHeader, ZmqSendRecord, kind,
+    CudaCallRecord, CudaNameRecord, CudaStepRecord, ElidedWrite, IoRecord, MailboxPollRecord,
+    NewFdRecord, PollRecord, ProcRecord, PySampleRecord, RecordHeader, SSE_BATCH_LEN,
+    SseBatchRecord, ZmqSendRecord, kind,
 };
 use thiserror::Error;
 
@@ -64,6 +65,12 @@ pub enum Record {
     PickleDumps {
         header: RecordHeader,
     },
+    /// Writes of fd `fd` that matched its streamed response's template, by time and size.
+    SseBatch {
+        header: RecordHeader,
+        fd: u32,
+        writes: Vec<ElidedWrite>,
+    },
 }
 
 impl Record {
@@ -76,7 +83,8 @@ impl Record {
             | Record::NewFd { header, .. }
             | Record::Close { header, .. }
             | Record::Poll { header, .. }
-            | Record::PickleDumps { header } => header,
+            | Record::PickleDumps { header }
+            | Record::SseBatch { header, .. } => header,
             Record::Io { io, .. } => &io.header,
             Record::CudaStep(r) => &r.header,
             Record::CudaCall(r) => &r.header,
@@ -96,6 +104,10 @@ pub enum RecordError {
     UnknownKind(u32),
     #[error("IO record says {declared} payload bytes but carries {present}")]
     PayloadLength { declared: usize, present: usize },
+    #[error(
+        "SSE batch record says {declared} writes but carries {present} (at most {SSE_BATCH_LEN})"
+    )]
+    BatchLength { declared: usize, present: usize },
 }
 
 /// Parse one record as the kernel wrote it into the ring buffer.
@@ -165,8 +177,34 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
         kind::ZMQ_SEND => Ok(Record::ZmqSend(read(bytes)?)),
         kind::MAILBOX_POLL => Ok(Record::MailboxPoll(read(bytes)?)),
         kind::PICKLE_DUMPS => Ok(Record::PickleDumps { header }),
+        kind::SSE_BATCH => parse_sse_batch(header, bytes),
         other => Err(RecordError::UnknownKind(other)),
     }
+}
+
+/// An SSE_BATCH record: its head, then only the `count` entries the kernel filled.
+fn parse_sse_batch(header: RecordHeader, bytes: &[u8]) -> Result<Record, RecordError> {
+    let head = std::mem::offset_of!(SseBatchRecord, entries);
+    if bytes.len() < head {
+        return Err(RecordError::Short {
+            len: bytes.len(),
+            need: head,
+        });
+    }
+    let fd: u32 = read(&bytes[size_of::<RecordHeader>()..])?;
+    let declared: u32 = read(&bytes[size_of::<RecordHeader>() + 4..])?;
+    let entries = &bytes[head..];
+    let present = entries.len() / size_of::<ElidedWrite>();
+    let declared = declared as usize;
+    if declared > SSE_BATCH_LEN || declared > present {
+        return Err(RecordError::BatchLength { declared, present });
+    }
+    let writes = entries
+        .chunks_exact(size_of::<ElidedWrite>())
+        .take(declared)
+        .map(read)
+        .collect::<Result<_, _>>()?;
+    Ok(Record::SseBatch { header, fd, writes })
 }
 
 /// Copy a `repr(C)` plain-integer struct out of the front of `bytes`.
@@ -254,6 +292,15 @@ pub fn encode(record: &Record) -> Vec<u8> {
         Record::ZmqSend(r) => bytes_of(r),
         Record::MailboxPoll(r) => bytes_of(r),
         Record::PickleDumps { header } => bytes_of(header),
+        Record::SseBatch { header, fd, writes } => {
+            let mut out = bytes_of(header);
+            out.extend_from_slice(&fd.to_ne_bytes());
+            out.extend_from_slice(&(writes.len() as u32).to_ne_bytes());
+            for write in writes {
+                out.extend_from_slice(&bytes_of(write));
+            }
+            out
+        }
     }
 }
 
@@ -416,6 +463,27 @@ mod tests {
                     ..header
                 },
             },
+            Record::SseBatch {
+                header: RecordHeader {
+                    kind: kind::SSE_BATCH,
+                    ..header
+                },
+                fd: 12,
+                writes: vec![
+                    ElidedWrite {
+                        seq: 4,
+                        ts_ns: 40,
+                        len: 171,
+                        content: 4,
+                    },
+                    ElidedWrite {
+                        seq: 5,
+                        ts_ns: 50,
+                        len: 169,
+                        content: 0,
+                    },
+                ],
+            },
         ];
         for record in records {
             assert_eq!(parse(&encode(&record)).unwrap(), record);
@@ -458,6 +526,24 @@ mod tests {
         });
         unknown[0] = 99;
         assert_eq!(parse(&unknown), Err(RecordError::UnknownKind(99)));
+        let header = RecordHeader {
+            kind: kind::SSE_BATCH,
+            ..RecordHeader::default()
+        };
+        let mut batch = encode(&Record::SseBatch {
+            header,
+            fd: 3,
+            writes: vec![ElidedWrite::default(); 2],
+        });
+        // Says three writes, carries two.
+        batch[size_of::<RecordHeader>() + 4] = 3;
+        assert_eq!(
+            parse(&batch),
+            Err(RecordError::BatchLength {
+                declared: 3,
+                present: 2
+            })
+        );
     }
 
     #[test]

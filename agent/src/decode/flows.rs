@@ -7,13 +7,14 @@
 //! sees bytes glued across a hole.
 use std::collections::{BTreeMap, HashMap};
 
-use infertrace_common::{IoRecord, direction, io_flags};
+use infertrace_common::{ElidedWrite, IoRecord, SseTemplate, direction, io_flags};
 
 use super::{
     cuda::{CudaDecoder, CudaEvent, CudaName},
     http::{HttpConnection, HttpExchange},
     lines::LineSplitter,
     python::{PySample, PythonSamples},
+    sse_template::content_template,
     zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
 };
 use crate::capture::{CaptureEvent, ProcessInfo, Record};
@@ -260,6 +261,10 @@ pub struct FlowStats {
     pub gaps: u64,
     /// Records that arrived after their syscall had been given up on.
     pub late_records: u64,
+    /// Syscalls the kernel reported by time and size only (streamed content writes), and
+    /// their bytes.
+    pub elided_syscalls: u64,
+    pub elided_bytes: u64,
     /// Bytes of fds later classified as not interesting.
     pub ignored_bytes: u64,
     pub flows_evicted: u64,
@@ -270,6 +275,8 @@ pub struct FlowStats {
 struct Syscall {
     ts_ns: u64,
     data: Vec<u8>,
+    /// The kernel reported it by time and size only (`data` is then empty).
+    elided: Option<ElidedWrite>,
     /// A record was missing, unreadable or truncated: data is a valid prefix only.
     broken: bool,
     done: bool,
@@ -285,7 +292,12 @@ struct Stream {
 
 /// What a stream hands to its decoder.
 enum Piece {
-    Data { ts_ns: u64, data: Vec<u8> },
+    Data {
+        ts_ns: u64,
+        data: Vec<u8>,
+    },
+    /// A write the kernel reported by time and size only: one whole event of streamed content.
+    Elided(ElidedWrite),
     Gap,
 }
 
@@ -330,6 +342,23 @@ impl Stream {
         }
         self.next_seq = Some(io.seq + 1);
         true
+    }
+
+    /// A syscall that came whole, outside an IO record (an elided write): handed over at once
+    /// when it is next in order, else held as any other.
+    fn add_whole(&mut self, seq: u64, call: Syscall, out: &mut Vec<Piece>, stats: &mut FlowStats) {
+        let next = *self.next_seq.get_or_insert(0);
+        if seq < next || (self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&seq)) {
+            stats.late_records += 1;
+            return;
+        }
+        if seq == next && self.pending.is_empty() {
+            self.next_seq = Some(seq + 1);
+            deliver(call, out, stats);
+        } else {
+            self.pending.insert(seq, call);
+            self.ready(out, stats);
+        }
     }
 
     /// Hand over every syscall that is complete and next in order.
@@ -394,7 +423,11 @@ impl Stream {
 fn deliver(call: Syscall, out: &mut Vec<Piece>, stats: &mut FlowStats) {
     stats.syscalls += 1;
     stats.bytes += call.data.len() as u64;
-    if !call.data.is_empty() {
+    if let Some(write) = call.elided {
+        stats.elided_syscalls += 1;
+        stats.elided_bytes += u64::from(write.len);
+        out.push(Piece::Elided(write));
+    } else if !call.data.is_empty() {
         out.push(Piece::Data {
             ts_ns: call.ts_ns,
             data: call.data,
@@ -445,8 +478,16 @@ impl Flow {
         }
     }
 
-    /// Feed ordered pieces of direction `dir` to the decoder.
-    fn decode(&mut self, key: FlowKey, dir: u8, pieces: Vec<Piece>, out: &mut Vec<Decoded>) {
+    /// Feed ordered pieces of direction `dir` to the decoder; `templates`: offer the server's
+    /// streamed content writes as templates.
+    fn decode(
+        &mut self,
+        key: FlowKey,
+        dir: u8,
+        pieces: Vec<Piece>,
+        out: &mut Vec<Decoded>,
+        mut templates: Option<&mut Templates>,
+    ) {
         if self.kind == FdKind::Vanished
             && self.protocol.is_none()
             && let Some(Piece::Data { data, .. }) = pieces.first()
@@ -461,7 +502,16 @@ impl Flow {
                 Protocol::Http { conn, server_side } => {
                     let from_client = (dir == direction::INGRESS) == *server_side;
                     let exchanges = match piece {
-                        Piece::Data { ts_ns, data } => conn.feed(from_client, ts_ns, &data),
+                        Piece::Data { ts_ns, data } => {
+                            if !from_client
+                                && conn.streaming_events()
+                                && let Some(templates) = templates.as_deref_mut()
+                            {
+                                templates.offer(key.0, ts_ns, &data);
+                            }
+                            conn.feed(from_client, ts_ns, &data)
+                        }
+                        Piece::Elided(write) => conn.elided_event(from_client, &write),
                         Piece::Gap => {
                             conn.gap(from_client);
                             // The exchange the gap cut short, returned incomplete.
@@ -478,7 +528,8 @@ impl Flow {
                     let stream = &mut streams[(dir & 1) as usize];
                     let events = match piece {
                         Piece::Data { ts_ns, data } => stream.feed(ts_ns, &data),
-                        Piece::Gap => {
+                        // Never streamed content: the kernel elides writes of HTTP servers.
+                        Piece::Elided(_) | Piece::Gap => {
                             stream.gap();
                             Vec::new()
                         }
@@ -503,7 +554,7 @@ impl Flow {
                             })
                         }));
                     }
-                    Piece::Gap => lines.gap(),
+                    Piece::Elided(_) | Piece::Gap => lines.gap(),
                 },
                 Protocol::Log(_) => {}
             }
@@ -544,6 +595,38 @@ fn sniff(data: &[u8], dir: u8) -> Option<Protocol> {
 
 type FlowKey = (u32, u32);
 
+/// How long a server's template stays before another response's writes may replace it (a
+/// server streaming for two models, say, would otherwise change it at each response).
+const TEMPLATE_HOLD_NS: u64 = 1_000_000_000;
+
+/// The templates of the traced servers' streamed content writes (see decode/sse_template.rs
+/// and ebpf/src/sse.rs), when generated text is not exported.
+#[derive(Default)]
+struct Templates {
+    /// Per process: its template and when it was set (capture time).
+    set: HashMap<u32, (SseTemplate, u64)>,
+    /// New templates for the kernel.
+    changes: Vec<(u32, SseTemplate)>,
+}
+
+impl Templates {
+    /// A write of a streamed response of process `tgid`, copied whole at `ts_ns`.
+    fn offer(&mut self, tgid: u32, ts_ns: u64, write: &[u8]) {
+        let held = self.set.get(&tgid);
+        if held.is_some_and(|&(_, since)| ts_ns < since.saturating_add(TEMPLATE_HOLD_NS)) {
+            return;
+        }
+        let Some(template) = content_template(write) else {
+            return;
+        };
+        if held.is_some_and(|(current, _)| *current == template) {
+            return;
+        }
+        self.set.insert(tgid, (template, ts_ns));
+        self.changes.push((tgid, template));
+    }
+}
+
 /// All flows of all traced processes.
 #[derive(Default)]
 pub struct FlowTable {
@@ -552,11 +635,31 @@ pub struct FlowTable {
     python: PythonSamples,
     stats: FlowStats,
     clock: u64,
+    /// Some: servers' content writes are offered as templates.
+    templates: Option<Templates>,
 }
 
 impl FlowTable {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Let the kernel report the servers' streamed content writes by time and size only: a
+    /// write copied whole that can be a template becomes one (see
+    /// [`Self::take_template_changes`]). For sessions that do not export generated text.
+    pub fn eliding_content() -> Self {
+        Self {
+            templates: Some(Templates::default()),
+            ..Self::default()
+        }
+    }
+
+    /// Templates to set in the kernel, per process, since the last call.
+    pub fn take_template_changes(&mut self) -> Vec<(u32, SseTemplate)> {
+        self.templates
+            .as_mut()
+            .map(|t| std::mem::take(&mut t.changes))
+            .unwrap_or_default()
     }
 
     pub fn stats(&self) -> FlowStats {
@@ -569,6 +672,10 @@ impl FlowTable {
         let mut out = Vec::new();
         if let CaptureEvent::Kernel(Record::Io { io, payload }) = event {
             self.io(&io, payload, &mut out);
+            return out;
+        }
+        if let CaptureEvent::Kernel(Record::SseBatch { header, fd, writes }) = &event {
+            self.elided(header.tgid, *fd, writes, &mut out);
             return out;
         }
         match &event {
@@ -594,6 +701,9 @@ impl FlowTable {
                 out.extend(self.cuda.call(r).map(Decoded::Cuda));
             }
             CaptureEvent::Kernel(Record::Exit { header }) => {
+                if let Some(templates) = self.templates.as_mut() {
+                    templates.set.remove(&header.tgid);
+                }
                 let ended = self.cuda.exit(header.tgid, header.ts_ns);
                 out.extend(ended.into_iter().map(Decoded::Cuda));
                 let keys: Vec<FlowKey> = self
@@ -733,7 +843,30 @@ impl FlowTable {
             stream.add(io, &payload, &mut self.stats);
             stream.ready(&mut pieces, &mut self.stats);
         }
-        flow.decode(key, dir, pieces, out);
+        flow.decode(key, dir, pieces, out, self.templates.as_mut());
+    }
+
+    /// Writes of fd `fd` of `tgid` that the kernel reported by time and size only.
+    fn elided(&mut self, tgid: u32, fd: u32, writes: &[ElidedWrite], out: &mut Vec<Decoded>) {
+        let key = (tgid, fd);
+        self.clock += 1;
+        let Some(flow) = self.flows.get_mut(&key).filter(|flow| flow.kind.capture()) else {
+            self.stats.ignored_bytes += writes.iter().map(|w| u64::from(w.len)).sum::<u64>();
+            return;
+        };
+        flow.last_used = self.clock;
+        let dir = direction::EGRESS;
+        let mut pieces = Vec::new();
+        for write in writes {
+            let call = Syscall {
+                ts_ns: write.ts_ns,
+                elided: Some(*write),
+                done: true,
+                ..Syscall::default()
+            };
+            flow.streams[dir as usize].add_whole(write.seq, call, &mut pieces, &mut self.stats);
+        }
+        flow.decode(key, dir, pieces, out, self.templates.as_mut());
     }
 
     fn tick(&mut self, out: &mut Vec<Decoded>) {
@@ -745,7 +878,7 @@ impl FlowTable {
                 }
                 let mut pieces = Vec::new();
                 flow.streams[dir as usize].tick(&mut pieces, &mut self.stats);
-                flow.decode(*key, dir, pieces, out);
+                flow.decode(*key, dir, pieces, out, self.templates.as_mut());
             }
         }
     }
@@ -759,7 +892,7 @@ impl FlowTable {
         for dir in [direction::INGRESS, direction::EGRESS] {
             let mut pieces = Vec::new();
             flow.streams[dir as usize].drain_all(&mut pieces, &mut self.stats);
-            flow.decode(key, dir, pieces, out);
+            flow.decode(key, dir, pieces, out, self.templates.as_mut());
         }
         flow.close(key, ts_ns, out);
     }
@@ -839,6 +972,128 @@ mod tests {
 
     const REQ: &[u8] = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
     const RESP: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+    /// One SSE event in one HTTP chunk, as uvicorn writes it.
+    fn sse_chunk(json: &str) -> Vec<u8> {
+        let data = format!("data: {json}\n\n");
+        format!("{:x}\r\n{data}\r\n", data.len()).into_bytes()
+    }
+
+    fn content(text: &str) -> Vec<u8> {
+        sse_chunk(&format!(
+            r#"{{"id":"c-1","created":1765000000,"choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}]}}"#
+        ))
+    }
+
+    /// An SSE_BATCH record of fd FD: (seq, content length) per elided write.
+    fn batch(writes: &[(u64, u32)]) -> CaptureEvent {
+        CaptureEvent::Kernel(Record::SseBatch {
+            header: RecordHeader {
+                kind: kind::SSE_BATCH,
+                tgid: TGID,
+                ..RecordHeader::default()
+            },
+            fd: FD,
+            writes: writes
+                .iter()
+                .map(|&(seq, content)| ElidedWrite {
+                    seq,
+                    ts_ns: seq,
+                    len: 100,
+                    content,
+                })
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn a_servers_content_write_becomes_its_template_and_elided_writes_are_events_in_order() {
+        let mut t = FlowTable::eliding_content();
+        t.handle(CaptureEvent::Fd {
+            tgid: TGID,
+            fd: FD,
+            kind: server(),
+        });
+        let request = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
+        let head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+                     Transfer-Encoding: chunked\r\n\r\n";
+        let role = sse_chunk(
+            r#"{"id":"c-1","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+        );
+        let finish =
+            sse_chunk(r#"{"id":"c-1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#);
+        let mut out = t.handle(io(0, direction::INGRESS, 0, request, true));
+        out.extend(t.handle(io(0, direction::EGRESS, 0, head, true)));
+        out.extend(t.handle(io(1, direction::EGRESS, 0, &role, true)));
+        assert!(t.take_template_changes().is_empty());
+        out.extend(t.handle(io(2, direction::EGRESS, 0, &content("Hi"), true)));
+        let changes = t.take_template_changes();
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].0, TGID);
+        // The finish comes before the batch holding the writes before it.
+        out.extend(t.handle(batch(&[(3, 2), (4, 0)])));
+        out.extend(t.handle(io(6, direction::EGRESS, 0, &finish, true)));
+        out.extend(t.handle(batch(&[(5, 4)])));
+        out.extend(t.handle(io(7, direction::EGRESS, 0, b"0\r\n\r\n", true)));
+        let [Decoded::Http { exchange, .. }] = out.as_slice() else {
+            panic!("one exchange expected: {out:?}");
+        };
+        assert!(exchange.complete);
+        let events = &exchange.response.as_ref().unwrap().sse_events;
+        let seen: Vec<(u64, Option<u32>)> = events.iter().map(|e| (e.ts_ns, e.elided)).collect();
+        assert_eq!(
+            seen,
+            [
+                (1, None),
+                (2, None),
+                (3, Some(2)),
+                (4, Some(0)),
+                (5, Some(4)),
+                (6, None)
+            ]
+        );
+        assert_eq!(t.stats().elided_syscalls, 3);
+        assert_eq!(t.stats().gaps, 0);
+    }
+
+    #[test]
+    fn an_elided_write_where_no_event_stream_is_open_is_lost_bytes() {
+        let mut t = FlowTable::eliding_content();
+        t.handle(CaptureEvent::Fd {
+            tgid: TGID,
+            fd: FD,
+            kind: server(),
+        });
+        let mut out = t.handle(io(0, direction::INGRESS, 0, REQ, true));
+        out.extend(t.handle(batch(&[(0, 3)])));
+        out.extend(t.handle(io(1, direction::EGRESS, 0, RESP, true)));
+        // The request's response cannot be told: it is returned without one, and the
+        // response that follows without its request.
+        let exchanges: Vec<&HttpExchange> = out
+            .iter()
+            .filter_map(|d| match d {
+                Decoded::Http { exchange, .. } => Some(exchange.as_ref()),
+                _ => None,
+            })
+            .collect();
+        let [cut, orphan] = exchanges.as_slice() else {
+            panic!("{out:?}");
+        };
+        assert!(cut.response.is_none() && !cut.complete);
+        assert!(orphan.request.is_none() && orphan.response.is_some());
+    }
+
+    #[test]
+    fn without_elision_no_template_is_offered() {
+        let mut t = table(server());
+        let request = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
+        let head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+                     Transfer-Encoding: chunked\r\n\r\n";
+        t.handle(io(0, direction::INGRESS, 0, request, true));
+        t.handle(io(0, direction::EGRESS, 0, head, true));
+        t.handle(io(1, direction::EGRESS, 0, &content("Hi"), true));
+        assert!(t.take_template_changes().is_empty());
+    }
 
     #[test]
     fn a_log_gives_its_written_lines_stamped_by_the_write_that_ended_them() {

@@ -25,6 +25,8 @@
 
 use std::collections::VecDeque;
 
+use infertrace_common::ElidedWrite;
+
 use crate::decode::sse::{SseEvent, SseParser};
 
 /// Largest request or response head (start line + headers); larger heads are malformed.
@@ -89,6 +91,11 @@ pub struct HttpStats {
     pub requests_dropped: u64,
     /// SSE events not kept because a response exceeded [`MAX_SSE_BYTES`].
     pub sse_events_dropped: u64,
+    /// Events the kernel reported by time only ([`HttpConnection::elided_event`]).
+    pub sse_events_elided: u64,
+    /// Such reports that did not fall between two events of a streamed response (taken as
+    /// lost bytes).
+    pub sse_elided_misplaced: u64,
 }
 
 /// A request head and (possibly truncated) body.
@@ -130,6 +137,8 @@ pub struct HttpResponse {
     pub body_truncated: bool,
     /// Some SSE events were not kept (see [`MAX_SSE_BYTES`]).
     pub sse_truncated: bool,
+    /// Body bytes of elided events ([`SseEvent::elided`]), not in `body`.
+    pub body_elided: u64,
 }
 
 /// One request/response pair, or half of one when the other half was not seen.
@@ -224,6 +233,12 @@ impl Inbox {
         if self.buf.is_empty() {
             self.stamps.clear();
         }
+    }
+
+    /// Steps over `n` bytes that were not copied, with nothing buffered.
+    fn pass(&mut self, n: u64) {
+        debug_assert!(self.buf.is_empty());
+        self.base += n;
     }
 
     /// Drops everything buffered; returns how many bytes that was.
@@ -780,6 +795,57 @@ impl HttpConnection {
         }
     }
 
+    /// One server write that the kernel reported by time and size only: a whole HTTP chunk
+    /// holding one event of generated text of the response being streamed (see
+    /// `ebpf/src/sse.rs`). Where no event stream is open between two chunks and two events,
+    /// the write cannot be that: it is taken as lost bytes ([`Self::gap`]). Returns the
+    /// exchanges that finished.
+    pub fn elided_event(&mut self, from_client: bool, write: &ElidedWrite) -> Vec<HttpExchange> {
+        let placed = !from_client && self.server.inbox.buf.is_empty() && {
+            match &mut self.server.state {
+                RespState::Body(open) => {
+                    let OpenResponse {
+                        resp,
+                        body,
+                        sse,
+                        sse_bytes,
+                        ..
+                    } = &mut **open;
+                    match (body, sse) {
+                        (BodyReader::Chunked(Chunk::Size), Some(parser)) => {
+                            match parser.elided(write.ts_ns, write.content) {
+                                Some(event) => {
+                                    resp.last_ns = write.ts_ns;
+                                    resp.body_elided += u64::from(write.len);
+                                    keep_event(resp, sse_bytes, &mut self.stats, event);
+                                    true
+                                }
+                                None => false,
+                            }
+                        }
+                        _ => false,
+                    }
+                }
+                _ => false,
+            }
+        };
+        if placed {
+            self.stats.sse_events_elided += 1;
+            self.server.inbox.pass(u64::from(write.len));
+        } else {
+            self.stats.sse_elided_misplaced += 1;
+            self.gap(from_client);
+        }
+        std::mem::take(&mut self.ready)
+    }
+
+    /// Whether the server is streaming an event stream in chunks (the responses whose writes
+    /// the kernel may report by time only).
+    pub fn streaming_events(&self) -> bool {
+        matches!(&self.server.state, RespState::Body(open)
+            if open.sse.is_some() && matches!(open.body, BodyReader::Chunked(_)))
+    }
+
     /// Exchanges finished by `gap` and not yet returned.
     pub fn take_ready(&mut self) -> Vec<HttpExchange> {
         std::mem::take(&mut self.ready)
@@ -1081,6 +1147,7 @@ impl HttpConnection {
                     sse_events: Vec::new(),
                     body_truncated: false,
                     sse_truncated: false,
+                    body_elided: 0,
                 };
                 self.open_response(resp);
                 Step::go(n)
@@ -1343,18 +1410,28 @@ fn deliver_response_bytes(
         return;
     };
     for event in parser.feed(ts, bytes) {
-        let size = SSE_EVENT_OVERHEAD
-            + event.data.len()
-            + event.event.as_ref().map_or(0, String::len)
-            + event.id.as_ref().map_or(0, String::len);
-        if *sse_bytes + size > MAX_SSE_BYTES {
-            resp.sse_truncated = true;
-            stats.sse_events_dropped += 1;
-            continue;
-        }
-        *sse_bytes += size;
-        resp.sse_events.push(event);
+        keep_event(resp, sse_bytes, stats, event);
     }
+}
+
+/// Keeps one SSE event of a response, within [`MAX_SSE_BYTES`].
+fn keep_event(
+    resp: &mut HttpResponse,
+    sse_bytes: &mut usize,
+    stats: &mut HttpStats,
+    event: SseEvent,
+) {
+    let size = SSE_EVENT_OVERHEAD
+        + event.data.len()
+        + event.event.as_ref().map_or(0, String::len)
+        + event.id.as_ref().map_or(0, String::len);
+    if *sse_bytes + size > MAX_SSE_BYTES {
+        resp.sse_truncated = true;
+        stats.sse_events_dropped += 1;
+        return;
+    }
+    *sse_bytes += size;
+    resp.sse_events.push(event);
 }
 
 #[cfg(test)]

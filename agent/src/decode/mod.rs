@@ -12,4 +12,5 @@ pub mod pickle;
 pub mod pyread;
 pub mod python;
 pub mod sse;
+pub mod sse_template;
 pub mod zmtp;

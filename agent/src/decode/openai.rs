@@ -172,14 +172,24 @@ impl ApiCall {
             call.status = Some(response.status);
             if response.is_event_stream() {
                 let mut texts = BTreeMap::new();
+                let mut text_elided = false;
                 for event in &response.sse_events {
+                    if let Some(content) = event.elided {
+                        // The kernel elides writes of generated text only (ebpf/src/sse.rs):
+                        // when it came and whether it said anything are known, not what.
+                        text_elided = true;
+                        if content > 0 {
+                            call.content_event_ns.push(event.ts_ns);
+                        }
+                        continue;
+                    }
                     if let Ok(chunk) = serde_json::from_str::<StreamChunk>(&event.data)
                         && call.read_chunk(chunk, &mut texts)
                     {
                         call.content_event_ns.push(event.ts_ns);
                     }
                 }
-                if !texts.is_empty() {
+                if !texts.is_empty() && !text_elided {
                     let outputs = texts
                         .into_values()
                         .map(|text| serde_json::json!({"role": "assistant", "content": text}))
@@ -351,6 +361,7 @@ mod tests {
                 sse_events: vec![],
                 body_truncated: false,
                 sse_truncated: false,
+                body_elided: 0,
             }),
             complete: true,
         }
@@ -399,6 +410,47 @@ mod tests {
     }
 
     #[test]
+    fn elided_events_are_content_at_their_time_and_leave_the_text_unknown() {
+        let mut e = exchange(
+            "/v1/chat/completions",
+            r#"{"model":"tiny","messages":[],"stream":true}"#,
+            200,
+            "",
+        );
+        let resp = e.response.as_mut().unwrap();
+        resp.headers = vec![("content-type".into(), b"text/event-stream".to_vec())];
+        let event = |ts_ns, data: &str, elided: Option<u32>| SseEvent {
+            ts_ns,
+            event: None,
+            data: data.into(),
+            id: None,
+            elided,
+        };
+        resp.sse_events = vec![
+            event(
+                10,
+                r#"{"id":"c","model":"tiny","choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+                None,
+            ),
+            event(11, "", Some(3)),
+            event(12, "", Some(0)),
+            event(13, "", Some(5)),
+            event(
+                14,
+                r#"{"id":"c","choices":[{"index":0,"delta":{"content":"z"},"finish_reason":"stop"}]}"#,
+                None,
+            ),
+            event(15, "[DONE]", None),
+        ];
+        let call = ApiCall::from_exchange(&e).unwrap();
+        // The elided event without text is not content.
+        assert_eq!(call.content_event_ns, [10, 11, 13, 14]);
+        assert_eq!(call.finish_reasons, ["stop"]);
+        assert_eq!(call.response_id.as_deref(), Some("c"));
+        assert_eq!(call.output_messages, None);
+    }
+
+    #[test]
     fn streamed_completion_with_usage() {
         let mut e = exchange(
             "/v1/completions",
@@ -423,6 +475,7 @@ mod tests {
                 event: None,
                 data: (*data).into(),
                 id: None,
+                elided: None,
             })
             .collect();
         let call = ApiCall::from_exchange(&e).unwrap();
@@ -486,6 +539,7 @@ mod tests {
                 event: None,
                 data: (*data).into(),
                 id: None,
+                elided: None,
             })
             .collect();
         let call = ApiCall::from_exchange(&e).unwrap();

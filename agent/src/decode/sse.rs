@@ -37,6 +37,11 @@ pub struct SseEvent {
     /// The last event ID at dispatch time, `None` when empty. As in the spec, an `id:` field
     /// persists for later events until another `id:` field changes it.
     pub id: Option<String>,
+    /// Some: the kernel reported the event by time and size only, a write that matched its
+    /// server's template (ebpf/src/sse.rs): one `data:` line of a chunk of generated text,
+    /// whose text (as JSON string text) was this many bytes long (0: none). `data` is empty:
+    /// the text was not copied.
+    pub elided: Option<u32>,
 }
 
 /// Incremental parser state for one event stream (one HTTP response body).
@@ -97,6 +102,30 @@ impl SseParser {
             }
         }
         events
+    }
+
+    /// An event whose bytes the kernel did not copy (see [`SseEvent::elided`]), stamped
+    /// `ts_ns`, with `content` bytes of text. None when the stream is not between two events here: such bytes cannot be
+    /// one whole event, and the caller treats them as lost.
+    pub fn elided(&mut self, ts_ns: u64, content: u32) -> Option<SseEvent> {
+        let between_events = self.line.is_empty()
+            && !self.line_overflow
+            && self.data.is_empty()
+            && self.event.is_empty();
+        if !between_events {
+            return None;
+        }
+        // It may be the stream's first event (it starts with `data:`, not a BOM); its last
+        // byte was the blank line's `\n`.
+        self.started = true;
+        self.after_cr = false;
+        Some(SseEvent {
+            ts_ns,
+            event: None,
+            data: String::new(),
+            id: (!self.last_id.is_empty()).then(|| self.last_id.clone()),
+            elided: Some(content),
+        })
     }
 
     /// Number of lines dropped because they exceeded [`MAX_LINE`] or [`MAX_EVENT_DATA`].
@@ -192,6 +221,7 @@ impl SseParser {
             event: (!event.is_empty()).then_some(event),
             data,
             id: (!self.last_id.is_empty()).then(|| self.last_id.clone()),
+            elided: None,
         })
     }
 }
@@ -283,6 +313,22 @@ mod tests {
         assert_eq!(ev.len(), 1);
         assert_eq!(ev[0].data, "ok");
         assert_eq!(p.truncated_lines(), 1);
+    }
+
+    #[test]
+    fn an_elided_event_fits_only_between_events() {
+        let mut p = SseParser::new();
+        // The stream's first event may be one.
+        let first = p.elided(1, 3).expect("between events");
+        assert_eq!(
+            (first.ts_ns, first.elided, first.data.as_str()),
+            (1, Some(3), "")
+        );
+        assert!(p.feed(2, b"id: 7\ndata: half").is_empty());
+        assert!(p.elided(3, 1).is_none());
+        assert_eq!(p.feed(4, b"\n\n").len(), 1);
+        let next = p.elided(5, 0).expect("between events");
+        assert_eq!((next.elided, next.id.as_deref()), (Some(0), Some("7")));
     }
 
     #[test]

@@ -14,7 +14,11 @@ pub const fn counter(name: &'static str, description: &'static str) -> MetricDef
 
 pub const CAPTURED_SYSCALLS: MetricDef = counter(
     "infertrace_captured_syscalls_total",
-    "Syscalls whose payload the kernel side copied.",
+    "Syscalls the kernel side captured (copied, or for streamed text reported by time and size).",
+);
+pub const ELIDED_WRITES: MetricDef = counter(
+    "infertrace_elided_writes_total",
+    "Streamed text writes the kernel side reported by time and size only (not copied).",
 );
 pub const LOST_RECORDS: MetricDef = counter(
     "infertrace_lost_records_total",
@@ -132,8 +136,9 @@ pub const BUILD_INFO: MetricDef = MetricDef::gauge(
 );
 
 /// Every agent metric, for exporters that declare instruments up front.
-pub static ALL: [&MetricDef; 27] = [
+pub static ALL: [&MetricDef; 28] = [
     &CAPTURED_SYSCALLS,
+    &ELIDED_WRITES,
     &CUDA_LOOKUP_READ_FAILURES,
     &LOST_RECORDS,
     &TRUNCATED_SYSCALLS,
@@ -253,6 +258,7 @@ pub fn capture(r: &mut Registry, kernel: &KernelCounters, flows: &FlowStats) {
         r,
         &[
             (&CAPTURED_SYSCALLS, kernel.captured_syscalls),
+            (&ELIDED_WRITES, kernel.sse_elided),
             (&LOST_RECORDS, kernel.ring_full),
             (&TRUNCATED_SYSCALLS, kernel.truncated_syscalls),
             (&UNREADABLE_CHUNKS, kernel.read_failed),

@@ -737,6 +737,7 @@ mod tests {
                     sse_events: Vec::new(),
                     body_truncated: false,
                     sse_truncated: false,
+                    body_elided: 0,
                 }),
                 complete: response.is_some(),
             }),
