@@ -1,13 +1,18 @@
 //! Fuzzes the vLLM msgpack decoder: any frames, as an input (frontend -> engine) message and as
 //! an output (engine -> frontend) message, with each schema table to start from and with one
-//! decoder that keeps switching tables, must neither panic nor break its invariants.
+//! decoder that keeps switching tables, must neither panic nor break its invariants. Each
+//! frame is also read by the agent's msgpack reader and by rmpv's: the same value or both an
+//! error.
 //!
 //! Input layout: a mode byte, then frames as `[length byte][bytes]` (length 0xFF: the rest of
 //! the input is the last frame). Mode bit 0 set: a request type frame `[(mode >> 1) % 8]` goes
 //! before the frames for `input` (types 6 and 7 are not vLLM's).
 #![no_main]
 
-use infertrace::engines::vllm::wire::{InputMessage, SCHEMAS, VllmDecoder};
+use infertrace::{
+    decode::msgpack,
+    engines::vllm::wire::{InputMessage, SCHEMAS, VllmDecoder},
+};
 use libfuzzer_sys::fuzz_target;
 
 fn split(mut rest: &[u8]) -> Vec<Vec<u8>> {
@@ -54,6 +59,14 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let frames = split(rest);
+    for frame in &frames {
+        let (mut ours, mut theirs) = (&frame[..], &frame[..]);
+        let ours = msgpack::read_value(&mut ours, 64).ok().map(|v| (format!("{v:?}"), ours.len()));
+        let theirs = rmpv::decode::read_value_with_max_depth(&mut theirs, 64)
+            .ok()
+            .map(|v| (format!("{v:?}"), theirs.len()));
+        assert_eq!(ours, theirs, "the msgpack readers disagree");
+    }
     let mut input = frames.clone();
     if mode & 1 == 1 {
         input.insert(0, vec![(mode >> 1) % 8]);

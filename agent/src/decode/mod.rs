@@ -7,6 +7,7 @@ pub mod cuda;
 pub mod flows;
 pub mod http;
 pub mod lines;
+pub mod msgpack;
 pub mod openai;
 pub mod pickle;
 pub mod pyread;

@@ -18,6 +18,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use rmpv::Value;
 
 use crate::decode::{
+    msgpack,
     pickle::{self, PickleError, PyValue},
     pyread::PyRead,
 };
@@ -444,9 +445,7 @@ impl SglangDecoder {
     /// A msgpack `[class, fields...]` array as (class, field dict); None when it is not one.
     fn msgpack_fields(&self, bytes: &[u8]) -> Option<Result<(String, PyValue), SglangError>> {
         let mut cursor = bytes;
-        let Ok(Value::Array(items)) =
-            rmpv::decode::read_value_with_max_depth(&mut cursor, MAX_DEPTH)
-        else {
+        let Ok(Value::Array(items)) = msgpack::read_value(&mut cursor, MAX_DEPTH) else {
             return None;
         };
         if !cursor.is_empty() {
@@ -517,7 +516,7 @@ fn from_msgpack(value: &Value) -> Result<PyValue, SglangError> {
 fn array_items(data: &[u8]) -> Option<Vec<i64>> {
     let meta_len = u32::from_be_bytes(data.get(..4)?.try_into().ok()?) as usize;
     let mut meta = data.get(4..4 + meta_len)?;
-    let typecode = rmpv::decode::read_value_with_max_depth(&mut meta, 4).ok()?;
+    let typecode = msgpack::read_value(&mut meta, 4).ok()?;
     let raw = data.get(4 + meta_len..)?;
     let width = match typecode.as_str()? {
         "q" | "Q" | "l" | "L" => 8,

@@ -13,7 +13,7 @@
 //! noticed and counted instead of producing wrong numbers.
 use rmpv::Value;
 
-use crate::engines::common::pd_role::PdRole;
+use crate::{decode::msgpack, engines::common::pd_role::PdRole};
 
 /// Deepest nesting accepted (vLLM's messages are at most ~6 levels deep).
 const MAX_DEPTH: usize = 64;
@@ -419,8 +419,8 @@ impl VllmDecoder {
 
 fn parse(bytes: &[u8]) -> Result<Value, VllmError> {
     let mut rest = bytes;
-    let value = rmpv::decode::read_value_with_max_depth(&mut rest, MAX_DEPTH)
-        .map_err(|e| VllmError::Msgpack(e.to_string()))?;
+    let value =
+        msgpack::read_value(&mut rest, MAX_DEPTH).map_err(|e| VllmError::Msgpack(e.to_string()))?;
     if !rest.is_empty() {
         return Err(VllmError::Msgpack(format!(
             "{} bytes after the value",
