@@ -62,11 +62,17 @@ fn exchanges(decoded: &[Decoded], pid: u32) -> Vec<&HttpExchange> {
         .collect()
 }
 
-#[test]
-fn keep_alive_chunked_and_sse_exchanges_are_decoded_byte_exact() {
+/// The fixture server (tests/fixtures/http_server.py) and its port.
+fn start_server() -> (Script, u16) {
     let mut server = Script::start(&[fixture("http_server.py").to_str().unwrap()]);
     let ready = server.read_line();
-    let port: u16 = ready.strip_prefix("ready ").unwrap().parse().unwrap();
+    let port = ready.strip_prefix("ready ").unwrap().parse().unwrap();
+    (server, port)
+}
+
+#[test]
+fn keep_alive_chunked_and_sse_exchanges_are_decoded_byte_exact() {
+    let (server, port) = start_server();
     let mut tracer = Tracer::attach(&[server.pid()]);
 
     let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -139,9 +145,7 @@ fn keep_alive_chunked_and_sse_exchanges_are_decoded_byte_exact() {
 fn streamed_content_writes_are_reported_by_time_and_size_in_order() {
     use infertrace::decode::openai::ApiCall;
 
-    let mut server = Script::start(&[fixture("http_server.py").to_str().unwrap()]);
-    let ready = server.read_line();
-    let port: u16 = ready.strip_prefix("ready ").unwrap().parse().unwrap();
+    let (server, port) = start_server();
     let mut tracer = Tracer::attach(&[server.pid()]);
     let responses = tracer.pump_during(|| {
         let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();

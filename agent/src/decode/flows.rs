@@ -1006,14 +1006,20 @@ mod tests {
         })
     }
 
-    #[test]
-    fn a_servers_content_write_becomes_its_template_and_elided_writes_are_events_in_order() {
+    /// A table that elides content, with fd FD a server's connection.
+    fn eliding_server() -> FlowTable {
         let mut t = FlowTable::eliding_content();
         t.handle(CaptureEvent::Fd {
             tgid: TGID,
             fd: FD,
             kind: server(),
         });
+        t
+    }
+
+    #[test]
+    fn a_servers_content_write_becomes_its_template_and_elided_writes_are_events_in_order() {
+        let mut t = eliding_server();
         let request = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
         let head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
                      Transfer-Encoding: chunked\r\n\r\n";
@@ -1058,12 +1064,7 @@ mod tests {
 
     #[test]
     fn an_elided_write_where_no_event_stream_is_open_is_lost_bytes() {
-        let mut t = FlowTable::eliding_content();
-        t.handle(CaptureEvent::Fd {
-            tgid: TGID,
-            fd: FD,
-            kind: server(),
-        });
+        let mut t = eliding_server();
         let mut out = t.handle(io(0, direction::INGRESS, 0, REQ, true));
         out.extend(t.handle(batch(&[(0, 3)])));
         out.extend(t.handle(io(1, direction::EGRESS, 0, RESP, true)));

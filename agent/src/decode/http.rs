@@ -357,6 +357,24 @@ struct OpenResponse {
     sse_bytes: usize,
 }
 
+impl OpenResponse {
+    /// Keep an elided event ([`HttpConnection::elided_event`]), when this response is an
+    /// event stream between two chunks and two events.
+    fn take_elided(&mut self, write: &ElidedWrite, stats: &mut HttpStats) -> bool {
+        let (BodyReader::Chunked(Chunk::Size), Some(parser)) = (&self.body, self.sse.as_mut())
+        else {
+            return false;
+        };
+        let Some(event) = parser.elided(write.ts_ns, write.content) else {
+            return false;
+        };
+        self.resp.last_ns = write.ts_ns;
+        self.resp.body_elided += u64::from(write.len);
+        keep_event(&mut self.resp, &mut self.sse_bytes, stats, event);
+        true
+    }
+}
+
 /// An entry of the FIFO of requests awaiting a response.
 #[derive(Debug)]
 enum Slot {
@@ -801,34 +819,12 @@ impl HttpConnection {
     /// the write cannot be that: it is taken as lost bytes ([`Self::gap`]). Returns the
     /// exchanges that finished.
     pub fn elided_event(&mut self, from_client: bool, write: &ElidedWrite) -> Vec<HttpExchange> {
-        let placed = !from_client && self.server.inbox.buf.is_empty() && {
-            match &mut self.server.state {
-                RespState::Body(open) => {
-                    let OpenResponse {
-                        resp,
-                        body,
-                        sse,
-                        sse_bytes,
-                        ..
-                    } = &mut **open;
-                    match (body, sse) {
-                        (BodyReader::Chunked(Chunk::Size), Some(parser)) => {
-                            match parser.elided(write.ts_ns, write.content) {
-                                Some(event) => {
-                                    resp.last_ns = write.ts_ns;
-                                    resp.body_elided += u64::from(write.len);
-                                    keep_event(resp, sse_bytes, &mut self.stats, event);
-                                    true
-                                }
-                                None => false,
-                            }
-                        }
-                        _ => false,
-                    }
-                }
+        let placed = !from_client
+            && self.server.inbox.buf.is_empty()
+            && match &mut self.server.state {
+                RespState::Body(open) => open.take_elided(write, &mut self.stats),
                 _ => false,
-            }
-        };
+            };
         if placed {
             self.stats.sse_events_elided += 1;
             self.server.inbox.pass(u64::from(write.len));
