@@ -609,17 +609,6 @@ pub struct SseBatchRecord {
     pub entries: [ElidedWrite; SSE_BATCH_LEN],
 }
 
-impl Default for SseBatchRecord {
-    fn default() -> Self {
-        Self {
-            header: RecordHeader::default(),
-            fd: 0,
-            count: 0,
-            entries: [ElidedWrite::default(); SSE_BATCH_LEN],
-        }
-    }
-}
-
 /// Distinct kernels a [`CudaStepRecord`] counts one by one; launches of further kernels in
 /// the same step are counted together in `other_launches`.
 pub const CUDA_STEP_KERNELS: usize = 16;

@@ -24,8 +24,8 @@ use infertrace_common::{
 
 use crate::{
     shared::{
-        EVENTS, FD_CLASS, FD_DECISION, config, count, header, set_own_entry, submit, submit_now,
-        tracked_tgid, wakeup_flags,
+        FD_CLASS, FD_DECISION, config, count, header, set_own_entry, submit, submit_now,
+        submit_with, tracked_tgid, wakeup_flags,
     },
     sse,
 };
@@ -522,14 +522,7 @@ fn emit_chunk(
     };
     // SAFETY: `Chunk` is repr(C) and `total` never exceeds its size.
     let bytes = unsafe { core::slice::from_raw_parts((chunk as *const Chunk).cast::<u8>(), total) };
-    if EVENTS
-        .output::<[u8]>(bytes, wakeup_flags(watermark))
-        .is_err()
-    {
-        count(counter::RING_FULL, 1);
-        return false;
-    }
-    true
+    submit_with(bytes, wakeup_flags(watermark))
 }
 
 /// A tracked process closed an fd: forget its class (the number will be reused) and tell

@@ -106,8 +106,10 @@ pub fn submit_now<T>(record: &T) -> bool {
     submit_with(record, BPF_RB_FORCE_WAKEUP as u64)
 }
 
+/// Send one record (fixed-size, or the bytes of a variable-length one) with these ring
+/// buffer flags; a full ring buffer counts it lost (false).
 #[inline(always)]
-fn submit_with<T>(record: &T, flags: u64) -> bool {
+pub fn submit_with<T: ?Sized>(record: &T, flags: u64) -> bool {
     if EVENTS.output::<T>(record, flags).is_err() {
         count(counter::RING_FULL, 1);
         return false;

@@ -24,7 +24,7 @@ use infertrace_common::{
     SseWriteBuf, counter, kind,
 };
 
-use crate::shared::{EVENTS, config, count, header, wakeup_flags};
+use crate::shared::{config, count, header, submit_with, wakeup_flags};
 
 /// Userspace's template per process (tgid), removed when it exits.
 #[map]
@@ -183,11 +183,6 @@ fn send(batch: &mut SseBatchRecord, key: &FdKey) {
     let bytes = unsafe {
         core::slice::from_raw_parts((batch as *const SseBatchRecord).cast::<u8>(), total)
     };
-    if EVENTS
-        .output::<[u8]>(bytes, wakeup_flags(config().wakeup_watermark))
-        .is_err()
-    {
-        count(counter::RING_FULL, 1);
-    }
+    submit_with(bytes, wakeup_flags(config().wakeup_watermark));
     batch.count = 0;
 }
