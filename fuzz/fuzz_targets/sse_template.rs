@@ -6,8 +6,8 @@
 
 use std::sync::LazyLock;
 
-use infertrace::decode::sse_template::content_template;
-use infertrace_common::{SSE_WRITE_MAX, SseTemplate, SseWriteBuf};
+use infertrace::decode::sse_template::{content_template, kernel_match};
+use infertrace_common::{SSE_WRITE_MAX, SseTemplate};
 use libfuzzer_sys::fuzz_target;
 
 /// A template of a vLLM content write.
@@ -17,21 +17,13 @@ static TEMPLATE: LazyLock<SseTemplate> = LazyLock::new(|| {
     content_template(write.as_bytes()).expect("a content write")
 });
 
-/// What the kernel decides for `bytes`.
-fn kernel(template: &SseTemplate, bytes: &[u8]) -> Option<usize> {
-    let mut buf: SseWriteBuf = [0; 2 * SSE_WRITE_MAX + 8];
-    let n = bytes.len().min(SSE_WRITE_MAX);
-    buf[..n].copy_from_slice(&bytes[..n]);
-    template.matches(&buf, bytes.len())
-}
-
 fuzz_target!(|data: &[u8]| {
-    if let Some(content) = kernel(&TEMPLATE, data) {
+    if let Some(content) = kernel_match(&TEMPLATE, data) {
         assert!(content < data.len());
     }
     if let Some(template) = content_template(data)
         && data.len() <= SSE_WRITE_MAX
     {
-        assert!(kernel(&template, data).is_some(), "its own write");
+        assert!(kernel_match(&template, data).is_some(), "its own write");
     }
 });

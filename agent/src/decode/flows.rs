@@ -14,7 +14,7 @@ use super::{
     http::{HttpConnection, HttpExchange},
     lines::LineSplitter,
     python::{PySample, PythonSamples},
-    sse_template::content_template,
+    sse_template::{content_template, kernel_match},
     zmtp::{ZmtpEvent, ZmtpMessage, ZmtpStream},
 };
 use crate::capture::{CaptureEvent, ProcessInfo, Record};
@@ -614,6 +614,11 @@ impl Templates {
     fn offer(&mut self, tgid: u32, ts_ns: u64, write: &[u8]) {
         let held = self.set.get(&tgid);
         if held.is_some_and(|&(_, since)| ts_ns < since.saturating_add(TEMPLATE_HOLD_NS)) {
+            return;
+        }
+        // The first content write of each response is copied: no need to read it again when
+        // it is the template already set.
+        if held.is_some_and(|(current, _)| kernel_match(current, write).is_some()) {
             return;
         }
         let Some(template) = content_template(write) else {

@@ -9,7 +9,7 @@
 //! nothing in it but its content is read by the agent (no finish reason, usage, error, tool
 //! call or log probabilities, one choice, the first): any write that matches it says the same,
 //! as its bytes outside the content are the template's.
-use infertrace_common::SseTemplate;
+use infertrace_common::{SSE_WRITE_MAX, SseTemplate, SseWriteBuf};
 use serde_json::Value;
 
 /// The template of `write` (the bytes of one server write), when it is one HTTP chunk holding
@@ -46,6 +46,17 @@ pub fn content_template(write: &[u8]) -> Option<SseTemplate> {
         &wildcards,
         &write[suffix_from..],
     )
+}
+
+/// What the kernel decides for `write` (ebpf/src/sse.rs runs the same matcher): the length of
+/// its content when `template` matches it.
+pub fn kernel_match(template: &SseTemplate, write: &[u8]) -> Option<usize> {
+    if write.len() > SSE_WRITE_MAX {
+        return None;
+    }
+    let mut buf: SseWriteBuf = [0; 2 * SSE_WRITE_MAX + 8];
+    buf[..write.len()].copy_from_slice(write);
+    template.matches(&buf, write.len())
 }
 
 /// The data of `write` when it is exactly one HTTP chunk: hex size, CRLF, data, CRLF.
@@ -126,7 +137,6 @@ fn number_value(json: &[u8], key: &[u8]) -> Option<std::ops::Range<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use infertrace_common::SseWriteBuf;
 
     /// One chunk of `event` as uvicorn writes it.
     fn write(json: &str) -> Vec<u8> {
@@ -134,17 +144,8 @@ mod tests {
         format!("{:x}\r\n{data}\r\n", data.len()).into_bytes()
     }
 
-    /// What the kernel decides for `bytes` (ebpf/src/sse.rs runs the same function).
     fn kernel_matches(template: &SseTemplate, bytes: &[u8]) -> bool {
-        content_len(template, bytes).is_some()
-    }
-
-    /// The content's length when the kernel elides `bytes`.
-    fn content_len(template: &SseTemplate, bytes: &[u8]) -> Option<usize> {
-        let mut buf: SseWriteBuf = [0; std::mem::size_of::<SseWriteBuf>()];
-        let n = bytes.len().min(buf.len());
-        buf[..n].copy_from_slice(&bytes[..n]);
-        template.matches(&buf, bytes.len())
+        kernel_match(template, bytes).is_some()
     }
 
     fn vllm(id: &str, created: u64, content: &str) -> Vec<u8> {
@@ -172,11 +173,11 @@ mod tests {
         ));
         // Escaped quotes and backslashes stay inside the text; no text is told apart.
         assert_eq!(
-            content_len(&template, &vllm("a", 1765000000, r#"say \"hi\" \\"#)),
+            kernel_match(&template, &vllm("a", 1765000000, r#"say \"hi\" \\"#)),
             Some(13)
         );
         assert_eq!(
-            content_len(&template, &vllm("a1b2", 1765000000, "")),
+            kernel_match(&template, &vllm("a1b2", 1765000000, "")),
             Some(0)
         );
         // An id with an escape, a quote that ends the text early, one escaped by the text's
