@@ -1,10 +1,10 @@
 //! Socket payload capture on syscall exit tracepoints.
 //!
 //! One program per captured syscall, at its exit: the return value says how many bytes moved,
-//! and the arguments (fd, buffer, length) are read from the registers the syscall entered with
-//! (`pt_regs`, at offsets userspace finds in the kernel's BTF). An enter program that kept
-//! them per thread until the exit cost the traced thread a second tracepoint and a map write
-//! per syscall.
+//! and the arguments (fd, buffer, length) are loaded from the registers the syscall entered
+//! with (the task's `pt_regs`, a BTF pointer the verifier checks each load against). An enter
+//! program that kept them per thread until the exit cost the traced thread a second
+//! tracepoint and a map write per syscall.
 //!
 //! For a tracked process, look up the fd's class. An unknown fd produces one NEW_FD record
 //! (the map entry is set to PENDING so it is reported once) and userspace classifies it from
