@@ -325,7 +325,7 @@ mod tests {
                 _pad: 0,
                 ts_ns: 5,
             },
-            reserved: 0,
+            enter_ns: 4,
             seq: 7,
             ret: len as i64,
             fd: 3,
