@@ -22,7 +22,8 @@ pub enum MsgpackError {
 }
 
 /// The value at the start of `rest`, nested at most `max_depth` deep as rmpv counts it (a
-/// level per value, another per array or map); `rest` moves past it.
+/// level per value, another per array, map or binary, two more per string or ext); `rest`
+/// moves past it.
 pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackError> {
     let depth = deeper(max_depth)?;
     let start = *rest;
@@ -45,6 +46,7 @@ pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackEr
         Marker::F64 => Value::F64(number(rest.read_data_f64())?),
         Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
             let len = length(marker, rest)?;
+            deeper(deeper(depth)?)?;
             let bytes = take(rest, len)?;
             match std::str::from_utf8(bytes) {
                 Ok(text) => Value::String(text.into()),
@@ -56,6 +58,7 @@ pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackEr
         }
         Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
             let len = length(marker, rest)?;
+            deeper(depth)?;
             Value::Binary(take(rest, len)?.to_vec())
         }
         Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
@@ -86,6 +89,7 @@ pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackEr
         | Marker::Ext16
         | Marker::Ext32 => {
             let len = length(marker, rest)?;
+            deeper(deeper(depth)?)?;
             let kind = number(rest.read_data_i8())?;
             Value::Ext(kind, take(rest, len)?.to_vec())
         }
@@ -207,5 +211,28 @@ mod tests {
             Err(MsgpackError::Truncated)
         );
         assert_eq!(ours(&[0xc1], 8), rmpv_reads(&[0xc1], 8));
+    }
+
+    #[test]
+    fn strings_binaries_and_exts_count_as_deep_as_rmpv_counts_them() {
+        // Found by the fuzzer: an ext at the bottom of nested arrays was read by us and
+        // refused by rmpv, which counts a level for a binary and two for a string or ext.
+        for leaf in [
+            Value::from("s"),
+            Value::Binary(vec![1]),
+            Value::Ext(-1, vec![255]),
+            Value::from(1),
+        ] {
+            let nested = (0..3).fold(leaf, |v, _| Value::Array(vec![v]));
+            let mut bytes = Vec::new();
+            rmpv::encode::write_value(&mut bytes, &nested).unwrap();
+            for depth in 0..=12 {
+                assert_eq!(
+                    ours(&bytes, depth),
+                    rmpv_reads(&bytes, depth),
+                    "{nested:?} at depth {depth}"
+                );
+            }
+        }
     }
 }
