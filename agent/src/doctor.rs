@@ -6,7 +6,10 @@ use std::{io, path::Path};
 
 use serde::Serialize;
 
-use crate::discover::system::{self, TRACEFS};
+use crate::discover::{
+    btf::KERNEL_BTF,
+    system::{self, TRACEFS},
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -114,19 +117,21 @@ fn privileges() -> Check {
     }
 }
 
-const BTF: &str = "/sys/kernel/btf/vmlinux";
-
 fn kernel() -> Check {
     let release = system::kernel_release();
-    if Path::new(BTF).exists() {
-        check("kernel", Status::Ok, format!("{release}, BTF at {BTF}"))
+    if Path::new(KERNEL_BTF).exists() {
+        check(
+            "kernel",
+            Status::Ok,
+            format!("{release}, BTF at {KERNEL_BTF}"),
+        )
     } else {
         check(
             "kernel",
-            Status::Warn,
+            Status::Fail,
             format!(
-                "{release}, no {BTF}: features that read kernel structures (thread-local \
-                 Python state) will be off; they need a kernel built with CONFIG_DEBUG_INFO_BTF=y"
+                "{release}, no {KERNEL_BTF}: the capture reads each syscall's arguments \
+                 through the kernel's BTF; it needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
             ),
         )
     }

@@ -232,8 +232,9 @@ pub struct PollRecord {
 pub struct IoRecord {
     /// `header.ts_ns` is the syscall's exit time.
     pub header: RecordHeader,
-    /// Syscall entry time (CLOCK_MONOTONIC).
-    pub enter_ns: u64,
+    /// Always 0: it was the syscall's entry time, which nothing read, and the capture now
+    /// runs at the exit only. Kept so that recordings keep their layout.
+    pub reserved: u64,
     /// Per-(tgid, fd, direction) sequence number of the syscall, counted in the kernel, so that
     /// userspace orders records and sees when whole syscalls were lost.
     pub seq: u64,

@@ -1,20 +1,25 @@
-//! Socket payload capture on syscall tracepoints (enter + exit).
+//! Socket payload capture on syscall exit tracepoints.
 //!
-//! Enter: for a tracked process, look up the fd's class. An unknown fd produces one NEW_FD
-//! record (the map entry is set to PENDING so it is reported once) and userspace classifies
-//! it from /proc. For a CAPTURE or PENDING fd the buffer pointer is remembered per thread;
-//! userspace drops what it captured from a PENDING fd that it then classifies IGNORE. A
-//! PENDING fd that the kernel sees is a regular file or a directory has its reads left out.
-//! Exit: with the return value known, copy exactly the bytes moved, in CHUNK_SIZE records, up
-//! to the configured per-syscall cap.
+//! One program per captured syscall, at its exit: the return value says how many bytes moved,
+//! and the arguments (fd, buffer, length) are loaded from the registers the syscall entered
+//! with (the task's `pt_regs`, a BTF pointer the verifier checks each load against). An enter
+//! program that kept them per thread until the exit cost the traced thread a second
+//! tracepoint and a map write per syscall.
+//!
+//! For a tracked process, look up the fd's class. An unknown fd produces one NEW_FD record
+//! (the map entry is set to PENDING so it is reported once) and userspace classifies it from
+//! /proc. A CAPTURE or PENDING fd's bytes are copied, in CHUNK_SIZE records, up to the
+//! configured per-syscall cap; userspace drops what it captured from a PENDING fd that it then
+//! classifies IGNORE. A PENDING fd that the kernel sees is a regular file or a directory has
+//! its reads left out.
 use aya_ebpf::{
     cty::c_void,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_user, generated::bpf_loop,
+        bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
     macros::{map, tracepoint},
-    maps::{LruHashMap, PerCpuArray},
+    maps::PerCpuArray,
     programs::TracePointContext,
 };
 use infertrace_common::{
@@ -24,16 +29,14 @@ use infertrace_common::{
 
 use crate::{
     shared::{
-        FD_CLASS, FD_DECISION, config, count, header, set_own_entry, submit, submit_now,
-        submit_with, tracked_tgid, wakeup_flags,
+        FD_CLASS, FD_DECISION, config, count, header, submit, submit_now, submit_with,
+        tracked_tgid, wakeup_flags,
     },
     sse,
 };
 
-/// Offsets of the syscall arguments in a sys_enter_* record, and of `ret` in sys_exit_*.
+/// Offset of the first argument in a sys_enter_* record, and of `ret` in sys_exit_*.
 const ARG0: usize = 16;
-const ARG1: usize = 24;
-const ARG2: usize = 32;
 const RET: usize = 16;
 
 /// How the syscall's buffer argument is shaped.
@@ -48,12 +51,9 @@ enum Shape {
     Msghdr = 2,
 }
 
-/// A syscall in flight on one thread, between its enter and exit tracepoints.
-#[repr(C)]
+/// A captured syscall, as its exit sees it.
 #[derive(Clone, Copy)]
-struct InFlight {
-    /// 0 once its exit has taken it (the entry stays, for the thread's next syscall).
-    enter_ns: u64,
+struct Call {
     /// Buffer, iovec array or msghdr pointer.
     ptr: u64,
     /// Buffer length or iovec count.
@@ -61,15 +61,8 @@ struct InFlight {
     fd: u32,
     syscall: u16,
     direction: u8,
-    shape: u8,
+    shape: Shape,
 }
-
-/// One entry per thread (pid_tgid), written in place at each captured syscall: an insert and
-/// a delete per syscall (a bucket lock, an element taken from and given back to the free list
-/// each) cost the traced thread more than the rest of the capture. LRU: the entries of
-/// threads that exited are reused.
-#[map]
-static IN_FLIGHT: LruHashMap<u64, InFlight> = LruHashMap::with_max_entries(16384, 0);
 
 /// One ring-buffer record under construction: header then payload, contiguous, so that it is
 /// sent with a single `bpf_ringbuf_output` of a variable length.
@@ -106,48 +99,96 @@ struct MsghdrPrefix {
     iovlen: u64,
 }
 
-fn on_enter(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) -> u32 {
-    let Some((tgid, _)) = tracked_tgid() else {
+/// Where x86-64's `struct pt_regs` (its uapi layout) keeps a syscall's first three arguments,
+/// in 8-byte words: `di`, `si`, `dx`. They are intact at the exit (the return value goes to
+/// `ax`); the verifier checks each load against the running kernel's `pt_regs` BTF.
+const ARG_REGISTERS: [usize; 3] = [14, 13, 12];
+
+/// The current syscall's first three arguments, from the registers it entered with: plain
+/// loads from the task's `pt_regs` (a BTF pointer: the kernel makes them fault-safe).
+#[inline(always)]
+fn syscall_args() -> (u64, u64, u64) {
+    // SAFETY: helpers without preconditions; the task is the current one, and the verifier
+    // checks every load through the BTF pointer they return.
+    unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
+        (
+            *regs.add(ARG_REGISTERS[0]),
+            *regs.add(ARG_REGISTERS[1]),
+            *regs.add(ARG_REGISTERS[2]),
+        )
+    }
+}
+
+fn on_exit(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) -> u32 {
+    let Some((tgid, tid)) = tracked_tgid() else {
         return 0;
     };
-    // SAFETY: offsets from the sys_enter_* format files (all arguments are 8 bytes wide).
-    let (fd, ptr, len) = unsafe {
-        (
-            ctx.read_at::<u64>(ARG0).unwrap_or(u64::MAX),
-            ctx.read_at::<u64>(ARG1).unwrap_or(0),
-            ctx.read_at::<u64>(ARG2).unwrap_or(0),
-        )
-    };
+    // SAFETY: offset from the sys_exit_* format files.
+    let ret: i64 = unsafe { ctx.read_at(RET) }.unwrap_or(0);
+    if ret <= 0 {
+        return 0;
+    }
+    let (fd, ptr, len) = syscall_args();
     if fd > i32::MAX as u64 {
         return 0;
     }
-    let fd = fd as u32;
-    let key = FdKey { tgid, fd };
-    // SAFETY: the value is copied out immediately.
+    let call = Call {
+        ptr,
+        len,
+        fd: fd as u32,
+        syscall,
+        direction,
+        shape,
+    };
+    let key = FdKey { tgid, fd: call.fd };
     // Copy until userspace has decided: the first request on a freshly accepted connection
     // arrives in the very first read, before any classification can happen. A file's reads
     // are the exception (FdState.file).
-    let (action, file) = match FD_CLASS.get_ptr_mut(&key) {
-        None => (fd_action::PENDING, report_new_fd(tgid, fd, key)),
-        // SAFETY: pointer into a live map value.
-        Some(state) => unsafe { (apply_decision(&mut *state, &key), (*state).file != 0) },
+    let state = match FD_CLASS.get_ptr_mut(&key) {
+        Some(state) => state,
+        None => {
+            report_new_fd(tgid, call.fd, key);
+            match FD_CLASS.get_ptr_mut(&key) {
+                Some(state) => state,
+                None => return 0,
+            }
+        }
     };
+    // SAFETY: pointer into a live map value; its SSE fields belong to the fd's writer thread.
+    let state = unsafe { &mut *state };
+    let action = apply_decision(state, &key);
     if action == fd_action::IGNORE
-        || (action == fd_action::PENDING && file && direction == direction::INGRESS)
+        || (action == fd_action::PENDING && state.file != 0 && direction == direction::INGRESS)
     {
         return 0;
     }
-    let in_flight = InFlight {
-        // SAFETY: helper without preconditions.
-        enter_ns: unsafe { bpf_ktime_get_ns() },
-        ptr,
-        len,
-        fd,
-        syscall,
-        direction,
-        shape: shape as u8,
+    // The sequence counter is bumped atomically because several threads may use one socket.
+    // SeqCst, not Relaxed: LLVM's BPF backend emits a non-fetching `lock xadd` for a relaxed
+    // add and then "returns" the addend.
+    let slot = core::ptr::addr_of_mut!(state.seq[(direction & 1) as usize]);
+    // SAFETY: pointer into a live map value.
+    let seq = unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::SeqCst }>(
+            slot, 1,
+        )
     };
-    set_own_entry(&IN_FLIGHT, &bpf_get_current_pid_tgid(), in_flight);
+    count(counter::CAPTURED_SYSCALLS, 1);
+    if direction == direction::INGRESS && tid == tgid {
+        crate::poll::arm(tgid);
+    }
+    if direction == direction::EGRESS {
+        // A flat write's payload may be a streamed response's content (see sse.rs).
+        let may_elide = shape == Shape::Flat;
+        if may_elide && sse::try_elide(&key, state, call.ptr, ret as u64, seq) {
+            return 0;
+        }
+        if !may_elide {
+            state.sse_matched = 0;
+        }
+    }
+    sse::flush(&key, state, true);
+    copy_payload(&call, tgid, ret as u64, seq);
     0
 }
 
@@ -246,63 +287,6 @@ fn read_kernel<T>(at: u64) -> Option<T> {
     unsafe { bpf_probe_read_kernel(at as *const T) }.ok()
 }
 
-/// `may_elide`: a flat write whose payload may be a streamed response's content (see sse.rs).
-fn on_exit(ctx: &TracePointContext, may_elide: bool) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    let Some(slot) = IN_FLIGHT.get_ptr_mut(&id) else {
-        return 0;
-    };
-    // SAFETY: the current thread's own entry, copied out and then marked taken.
-    let call = unsafe {
-        let call = *slot;
-        (*slot).enter_ns = 0;
-        call
-    };
-    if call.enter_ns == 0 {
-        return 0;
-    }
-    // SAFETY: offset from the sys_exit_* format files.
-    let ret: i64 = unsafe { ctx.read_at(RET) }.unwrap_or(0);
-    if ret <= 0 {
-        return 0;
-    }
-    let tgid = (id >> 32) as u32;
-    let key = FdKey { tgid, fd: call.fd };
-    // The fd may have been closed and reclassified by another thread meanwhile.
-    let Some(state) = FD_CLASS.get_ptr_mut(&key) else {
-        return 0;
-    };
-    // SAFETY: pointer into a live map value. The sequence counter is bumped atomically because
-    // several threads may use one socket. SeqCst, not Relaxed: LLVM's BPF backend emits a
-    // non-fetching `lock xadd` for a relaxed add and then "returns" the addend.
-    let seq = unsafe {
-        if (*state).action == fd_action::IGNORE {
-            return 0;
-        }
-        let slot = core::ptr::addr_of_mut!((*state).seq[(call.direction & 1) as usize]);
-        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::SeqCst }>(
-            slot, 1,
-        )
-    };
-    count(counter::CAPTURED_SYSCALLS, 1);
-    if call.direction == direction::INGRESS && id as u32 == tgid {
-        crate::poll::arm(tgid);
-    }
-    // SAFETY: pointer into a live map value; its SSE fields belong to the fd's writer thread.
-    let state = unsafe { &mut *state };
-    if call.direction == direction::EGRESS {
-        if may_elide && sse::try_elide(&key, state, call.ptr, ret as u64, seq) {
-            return 0;
-        }
-        if !may_elide {
-            state.sse_matched = 0;
-        }
-    }
-    sse::flush(&key, state, true);
-    copy_payload(&call, tgid, ret as u64, seq);
-    0
-}
-
 /// Where the next payload bytes come from while walking a flat buffer or an iovec array.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -315,11 +299,11 @@ struct Cursor {
 }
 
 impl Cursor {
-    fn new(call: &InFlight) -> Self {
+    fn new(call: &Call) -> Self {
         let (flat, iov, iov_count) = match call.shape {
-            s if s == Shape::Flat as u8 => (true, 0, 0),
-            s if s == Shape::Iovec as u8 => (false, call.ptr, call.len),
-            _ => {
+            Shape::Flat => (true, 0, 0),
+            Shape::Iovec => (false, call.ptr, call.len),
+            Shape::Msghdr => {
                 // SAFETY: user pointer read with the fault-tolerant helper.
                 match unsafe { bpf_probe_read_user(call.ptr as *const MsghdrPrefix) } {
                     Ok(m) => (false, m.iov, m.iovlen),
@@ -372,7 +356,7 @@ struct CopyState {
 }
 
 /// Copy the syscall's payload (at most the configured cap) into IO records.
-fn copy_payload(call: &InFlight, tgid: u32, ret: u64, seq: u64) {
+fn copy_payload(call: &Call, tgid: u32, ret: u64, seq: u64) {
     let cfg = config();
     let cap = (cfg.cap_bytes as u64).min(CHUNK_SIZE as u64 * MAX_CHUNKS as u64);
     let want = if ret < cap { ret } else { cap };
@@ -384,7 +368,7 @@ fn copy_payload(call: &InFlight, tgid: u32, ret: u64, seq: u64) {
     let chunk = unsafe { &mut *chunk };
     chunk.record = IoRecord {
         header: header(kind::IO, tgid),
-        enter_ns: call.enter_ns,
+        reserved: 0,
         seq,
         ret: ret as i64,
         fd: call.fd,
@@ -396,7 +380,7 @@ fn copy_payload(call: &InFlight, tgid: u32, ret: u64, seq: u64) {
         _pad: [0; 7],
     };
     // Fast path, the common case: one flat buffer that fits one record.
-    if call.shape == Shape::Flat as u8 && want <= CHUNK_SIZE as u64 {
+    if call.shape == Shape::Flat && want <= CHUNK_SIZE as u64 {
         if emit_chunk(chunk, call.ptr, 0, want, true, cfg.wakeup_watermark) && want < ret {
             count(counter::TRUNCATED_SYSCALLS, 1);
             count(counter::TRUNCATED_BYTES, ret - want);
@@ -570,77 +554,59 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// One enter and one exit program per captured syscall.
+/// One exit program per captured syscall.
 macro_rules! capture_syscall {
-    ($enter:ident, $exit:ident, $id:expr, $dir:expr, $shape:expr) => {
-        capture_syscall!($enter, $exit, $id, $dir, $shape, false);
-    };
-    ($enter:ident, $exit:ident, $id:expr, $dir:expr, $shape:expr, $may_elide:expr) => {
-        #[tracepoint]
-        pub fn $enter(ctx: TracePointContext) -> u32 {
-            on_enter(&ctx, $id, $dir, $shape)
-        }
-
+    ($exit:ident, $id:expr, $dir:expr, $shape:expr) => {
         #[tracepoint]
         pub fn $exit(ctx: TracePointContext) -> u32 {
-            on_exit(&ctx, $may_elide)
+            on_exit(&ctx, $id, $dir, $shape)
         }
     };
 }
 
 capture_syscall!(
-    sys_enter_read,
     sys_exit_read,
     syscall::READ,
     direction::INGRESS,
     Shape::Flat
 );
 capture_syscall!(
-    sys_enter_write,
     sys_exit_write,
     syscall::WRITE,
     direction::EGRESS,
-    Shape::Flat,
-    true
+    Shape::Flat
 );
 capture_syscall!(
-    sys_enter_readv,
     sys_exit_readv,
     syscall::READV,
     direction::INGRESS,
     Shape::Iovec
 );
 capture_syscall!(
-    sys_enter_writev,
     sys_exit_writev,
     syscall::WRITEV,
     direction::EGRESS,
     Shape::Iovec
 );
 capture_syscall!(
-    sys_enter_recvfrom,
     sys_exit_recvfrom,
     syscall::RECVFROM,
     direction::INGRESS,
     Shape::Flat
 );
 capture_syscall!(
-    sys_enter_sendto,
     sys_exit_sendto,
     syscall::SENDTO,
     direction::EGRESS,
-    Shape::Flat,
-    true
+    Shape::Flat
 );
 capture_syscall!(
-    sys_enter_recvmsg,
     sys_exit_recvmsg,
     syscall::RECVMSG,
     direction::INGRESS,
     Shape::Msghdr
 );
 capture_syscall!(
-    sys_enter_sendmsg,
     sys_exit_sendmsg,
     syscall::SENDMSG,
     direction::EGRESS,

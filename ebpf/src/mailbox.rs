@@ -9,14 +9,14 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::LruHashMap,
     programs::TracePointContext,
 };
-use infertrace_common::{FdKey, MAILBOX_POLL_MAX_FDS, MailboxPollRecord, counter, fd_action, kind};
+use infertrace_common::{FdKey, MAILBOX_POLL_MAX_FDS, MailboxPollRecord, fd_action, kind};
 
 use crate::{
     io::{apply_decision, report_new_fd},
-    shared::{FD_CLASS, count, header, submit, tracked_main_thread},
+    shared::{FD_CLASS, header, set_own_entry, submit, tracked_main_thread},
 };
 
 /// Offsets of the syscall arguments in a sys_enter_poll record, and of `ret` in sys_exit_poll.
@@ -29,6 +29,7 @@ const RET: usize = 16;
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Polling {
+    /// 0 once its exit has taken it (the entry stays, for the thread's next poll).
     enter_ns: u64,
     fd: u32,
     nfds: u32,
@@ -36,8 +37,11 @@ struct Polling {
     second_fd: i32,
 }
 
+/// One entry per main thread (pid_tgid), written in place at each reported poll (as
+/// `io.rs` did with its syscalls in flight: an insert and a delete per poll cost more than
+/// the rest). LRU: exited threads' entries are reused.
 #[map]
-static POLLING: HashMap<u64, Polling> = HashMap::with_max_entries(16384, 0);
+static POLLING: LruHashMap<u64, Polling> = LruHashMap::with_max_entries(16384, 0);
 
 #[tracepoint]
 pub fn sys_enter_poll(ctx: TracePointContext) -> u32 {
@@ -94,23 +98,28 @@ pub fn sys_enter_poll(ctx: TracePointContext) -> u32 {
         timeout_ms: timeout as i32,
         second_fd,
     };
-    if POLLING
-        .insert(&bpf_get_current_pid_tgid(), &polling, 0)
-        .is_err()
-    {
-        count(counter::MAP_FULL, 1);
-    }
+    set_own_entry(&POLLING, &bpf_get_current_pid_tgid(), polling);
     0
 }
 
 #[tracepoint]
 pub fn sys_exit_poll(ctx: TracePointContext) -> u32 {
+    if tracked_main_thread().is_none() {
+        return 0;
+    }
     let id = bpf_get_current_pid_tgid();
-    // SAFETY: the value is copied out before the entry is removed.
-    let Some(call) = (unsafe { POLLING.get(&id) }).copied() else {
+    let Some(slot) = POLLING.get_ptr_mut(&id) else {
         return 0;
     };
-    let _ = POLLING.remove(&id);
+    // SAFETY: the current thread's own entry, copied out and then marked taken.
+    let call = unsafe {
+        let call = *slot;
+        (*slot).enter_ns = 0;
+        call
+    };
+    if call.enter_ns == 0 {
+        return 0;
+    }
     // SAFETY: offset from the sys_exit_poll format file.
     let ret: i64 = unsafe { ctx.read_at(RET) }.unwrap_or(0);
     let record = MailboxPollRecord {

@@ -58,12 +58,18 @@ pub fn tracked_tgid() -> Option<(u32, u32)> {
     unsafe { TRACKED.get(&tgid) }.map(|_| (tgid, id as u32))
 }
 
-/// The tracked process's tgid when the current task is its main thread.
+/// The tracked process's tgid when the current task is its main thread. Other threads leave
+/// before the map lookup: the programs that ask run at every wait of every thread on the host
+/// (libzmq's I/O threads wait once or twice per message).
 #[inline(always)]
 pub fn tracked_main_thread() -> Option<u32> {
-    tracked_tgid()
-        .filter(|(tgid, tid)| tgid == tid)
-        .map(|(tgid, _)| tgid)
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    if tgid != id as u32 {
+        return None;
+    }
+    // SAFETY: the value is only checked for presence.
+    unsafe { TRACKED.get(&tgid) }.map(|_| tgid)
 }
 
 #[inline(always)]

@@ -53,21 +53,13 @@ pub const TRACEPOINTS: &[(&str, &str)] = &[
     ("sched", "sched_process_exec"),
     ("sched", "sched_process_exit"),
     ("syscalls", "sys_enter_close"),
-    ("syscalls", "sys_enter_read"),
     ("syscalls", "sys_exit_read"),
-    ("syscalls", "sys_enter_write"),
     ("syscalls", "sys_exit_write"),
-    ("syscalls", "sys_enter_readv"),
     ("syscalls", "sys_exit_readv"),
-    ("syscalls", "sys_enter_writev"),
     ("syscalls", "sys_exit_writev"),
-    ("syscalls", "sys_enter_recvfrom"),
     ("syscalls", "sys_exit_recvfrom"),
-    ("syscalls", "sys_enter_sendto"),
     ("syscalls", "sys_exit_sendto"),
-    ("syscalls", "sys_enter_recvmsg"),
     ("syscalls", "sys_exit_recvmsg"),
-    ("syscalls", "sys_enter_sendmsg"),
     ("syscalls", "sys_exit_sendmsg"),
     ("syscalls", "sys_enter_epoll_wait"),
     ("syscalls", "sys_exit_epoll_wait"),
@@ -165,6 +157,13 @@ impl KernelCapture {
     pub fn load(options: &KernelOptions) -> anyhow::Result<Self> {
         check_privileges()?;
         crate::discover::system::ensure_tracefs()?;
+        if !std::path::Path::new(btf::KERNEL_BTF).exists() {
+            bail!(
+                "this kernel has no BTF ({}): infertrace's capture reads each syscall's \
+                 arguments through it; it needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+                btf::KERNEL_BTF
+            );
+        }
         if options.cap_bytes == 0 {
             bail!("the per-syscall capture cap must be at least 1 byte");
         }

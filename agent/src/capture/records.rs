@@ -325,7 +325,7 @@ mod tests {
                 _pad: 0,
                 ts_ns: 5,
             },
-            enter_ns: 4,
+            reserved: 0,
             seq: 7,
             ret: len as i64,
             fd: 3,

@@ -6,6 +6,10 @@
 //! members of structs. The input is untrusted bytes: every read is bounds-checked.
 use std::borrow::Cow;
 
+/// The running kernel's BTF. The capture needs it: its programs read each syscall's arguments
+/// through a BTF pointer (`ebpf/src/io.rs`).
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
 /// BTF's magic number (little-endian hosts).
 const MAGIC: u16 = 0xeb9f;
 /// Type kinds (include/uapi/linux/btf.h).
@@ -230,8 +234,8 @@ pub fn file_offsets() -> Result<infertrace_common::FileOffsets, BtfError> {
 
 /// `answer` asked of the running kernel's BTF (`/sys/kernel/btf/vmlinux`).
 fn with_kernel_btf<T>(answer: impl FnOnce(&Btf) -> Result<T, BtfError>) -> Result<T, BtfError> {
-    let bytes = std::fs::read("/sys/kernel/btf/vmlinux")
-        .map_err(|e| BtfError::Read(format!("/sys/kernel/btf/vmlinux: {e}")))?;
+    let bytes =
+        std::fs::read(KERNEL_BTF).map_err(|e| BtfError::Read(format!("{KERNEL_BTF}: {e}")))?;
     answer(&Btf::parse(&bytes)?)
 }
 
