@@ -787,14 +787,16 @@ fn results(pipeline: &Pipeline) -> String {
     };
     format!(
         "; {} requests traced ({} spans); {}; messages timed at the event loop's \
-         take-over: {} (at its next iteration: {}), at their arrival: {}; sends timed at the \
-         hand-over to libzmq: {} ({} by its send's probe), at the send: {}{unrouted}",
+         take-over: {} (at its next iteration: {}), at their arrival: {} (moved to the end of \
+         a long loop iteration: {}); sends timed at the hand-over to libzmq: {} ({} by its \
+         send's probe), at the send: {}{unrouted}",
         s.traces,
         s.spans,
         engines.join("; "),
         h.taken_over,
         h.next_iteration,
         h.at_arrival,
+        h.after_long_iteration,
         h.handed_over,
         h.send_probed,
         h.at_send,

@@ -224,7 +224,16 @@ pub struct PollRecord {
     pub enter_ns: u64,
     /// Syscall return value: ready events, or a negative errno.
     pub ret: i64,
+    /// When the loop iteration this wait ends began (the thread's previous wait returned),
+    /// when that iteration ran longer than [`LONG_ITERATION_NS`]; else 0. Recordings made
+    /// before it have records without this field (read as 0).
+    pub iteration_start_ns: u64,
 }
+
+/// An event-loop iteration this long (no epoll wait on the loop's thread in between) is
+/// reported whatever the thread did in it: the loop was held (a garbage collection pass, a
+/// CPU-bound callback), and messages that reached the process meanwhile waited for it.
+pub const LONG_ITERATION_NS: u64 = 50_000_000;
 
 /// Header of an IO record; `len` payload bytes follow it in the same record.
 #[repr(C)]

@@ -218,10 +218,22 @@ pub fn attach_with(pid: &str, ours: &Path, prom_port: u16, extra: &[&str]) -> Ag
 }
 
 /// [`attach_with`] to several servers at once (one `--pid` each).
+///
+/// With `INFERTRACE_TEST_RECORD` set, `infertrace record` instead, which also writes the raw
+/// events next to `ours` ([`recording_of`]): a failing run can then be replayed and studied.
 pub fn attach_to(pids: &[&str], ours: &Path, prom_port: u16, extra: &[&str]) -> Agent {
-    let mut command = vec!["attach"];
+    let recording = recording_of(ours).display().to_string();
+    let mut command = match std::env::var_os("INFERTRACE_TEST_RECORD") {
+        Some(_) => vec!["record", "--recording", &recording],
+        None => vec!["attach"],
+    };
     command.extend(pids.iter().flat_map(|pid| ["--pid", pid]));
     start_agent(&command, ours, prom_port, extra, &[])
+}
+
+/// Where [`attach_to`] keeps the recording of a run when asked to.
+pub fn recording_of(ours: &Path) -> PathBuf {
+    ours.with_extension("recording")
 }
 
 /// `infertrace run` (the node agent) with `extra` arguments and `envs`, and the outputs of

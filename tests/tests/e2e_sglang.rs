@@ -104,7 +104,6 @@ impl TracedRun {
     fn finish(self) {
         drop(self.cleanup);
         let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = &self.dir;
     }
 }
 

@@ -48,6 +48,8 @@ pub enum Record {
         header: RecordHeader,
         enter_ns: u64,
         ret: i64,
+        /// When the long loop iteration it ends began ([`PollRecord::iteration_start_ns`]).
+        iteration_start_ns: u64,
     },
     /// A thread's CUDA driver calls up to a synchronisation, counted in the kernel.
     CudaStep(Box<CudaStepRecord>),
@@ -163,11 +165,12 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
             })
         }
         kind::POLL => {
-            let r: PollRecord = read(bytes)?;
+            let r: PollRecord = read_grown(bytes, POLL_RECORD_BEFORE_ITERATIONS)?;
             Ok(Record::Poll {
                 header,
                 enter_ns: r.enter_ns,
                 ret: r.ret,
+                iteration_start_ns: r.iteration_start_ns,
             })
         }
         kind::CUDA_STEP => Ok(Record::CudaStep(Box::new(read(bytes)?))),
@@ -207,20 +210,30 @@ fn parse_sse_batch(header: RecordHeader, bytes: &[u8]) -> Result<Record, RecordE
     Ok(Record::SseBatch { header, fd, writes })
 }
 
+/// The size of a POLL record in recordings made before it carried `iteration_start_ns`.
+const POLL_RECORD_BEFORE_ITERATIONS: usize = size_of::<PollRecord>() - size_of::<u64>();
+
 /// Copy a `repr(C)` plain-integer struct out of the front of `bytes`.
 fn read<T: Copy + Default>(bytes: &[u8]) -> Result<T, RecordError> {
-    let need = size_of::<T>();
-    if bytes.len() < need {
+    read_grown(bytes, size_of::<T>())
+}
+
+/// [`read`] for a struct that grew at its end: `bytes` needs at least its first `min` bytes,
+/// and the fields it lacks (an older recording's record) are zero.
+fn read_grown<T: Copy + Default>(bytes: &[u8], min: usize) -> Result<T, RecordError> {
+    if bytes.len() < min {
         return Err(RecordError::Short {
             len: bytes.len(),
-            need,
+            need: min,
         });
     }
+    let len = bytes.len().min(size_of::<T>());
     let mut value = T::default();
     // SAFETY: T is one of the ABI structs: repr(C), integers and byte arrays only, so every bit
-    // pattern is valid; the source has at least size_of::<T>() bytes; no alignment is assumed.
+    // pattern is valid; `len` bytes are copied, no more than both sizes; no alignment is
+    // assumed.
     unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut value as *mut T).cast::<u8>(), need);
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut value as *mut T).cast::<u8>(), len);
     }
     Ok(value)
 }
@@ -280,10 +293,12 @@ pub fn encode(record: &Record) -> Vec<u8> {
             header,
             enter_ns,
             ret,
+            iteration_start_ns,
         } => bytes_of(&PollRecord {
             header: *header,
             enter_ns: *enter_ns,
             ret: *ret,
+            iteration_start_ns: *iteration_start_ns,
         }),
         Record::CudaStep(r) => bytes_of(r.as_ref()),
         Record::CudaCall(r) => bytes_of(r),
@@ -399,6 +414,7 @@ mod tests {
                 },
                 enter_ns: 2,
                 ret: -4,
+                iteration_start_ns: 1,
             },
             Record::CudaStep(Box::new(CudaStepRecord {
                 header: RecordHeader {
@@ -504,6 +520,37 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_poll_record_of_an_older_recording_has_no_long_iteration() {
+        let header = RecordHeader {
+            kind: kind::POLL,
+            tgid: 5,
+            tid: 5,
+            _pad: 0,
+            ts_ns: 9,
+        };
+        let bytes = encode(&Record::Poll {
+            header,
+            enter_ns: 4,
+            ret: 1,
+            iteration_start_ns: 3,
+        });
+        let older = &bytes[..POLL_RECORD_BEFORE_ITERATIONS];
+        assert_eq!(
+            parse(older).unwrap(),
+            Record::Poll {
+                header,
+                enter_ns: 4,
+                ret: 1,
+                iteration_start_ns: 0,
+            }
+        );
+        assert!(matches!(
+            parse(&older[..older.len() - 1]),
+            Err(RecordError::Short { .. })
+        ));
     }
 
     #[test]

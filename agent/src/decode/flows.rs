@@ -107,6 +107,9 @@ pub struct LoopWait {
     pub enter_ns: u64,
     /// When the wait returned: the loop's next iteration began.
     pub exit_ns: u64,
+    /// When the iteration this wait ends began, when it was a long one
+    /// (`infertrace_common::LONG_ITERATION_NS`: the loop was held).
+    pub long_iteration_from_ns: Option<u64>,
 }
 
 /// A `poll` whose first fd is a watched eventfd: libzmq checking a socket's mailbox.
@@ -760,11 +763,15 @@ impl FlowTable {
                 }
             }
             CaptureEvent::Kernel(Record::Poll {
-                header, enter_ns, ..
+                header,
+                enter_ns,
+                iteration_start_ns,
+                ..
             }) => out.push(Decoded::LoopWait(LoopWait {
                 tgid: header.tgid,
                 enter_ns: *enter_ns,
                 exit_ns: header.ts_ns,
+                long_iteration_from_ns: Some(*iteration_start_ns).filter(|&ns| ns != 0),
             })),
             CaptureEvent::Clock {
                 monotonic_ns,
@@ -1151,26 +1158,37 @@ mod tests {
 
     #[test]
     fn a_poll_record_is_a_loop_wait_ending_at_its_return_and_not_a_message() {
-        let poll = CaptureEvent::Kernel(Record::Poll {
-            header: RecordHeader {
-                kind: kind::POLL,
-                tgid: TGID,
-                tid: TGID,
-                _pad: 0,
-                ts_ns: 900,
-            },
-            enter_ns: 400,
-            ret: 1,
-        });
-        let out = FlowTable::new().handle(poll);
+        let poll = |iteration_start_ns| {
+            CaptureEvent::Kernel(Record::Poll {
+                header: RecordHeader {
+                    kind: kind::POLL,
+                    tgid: TGID,
+                    tid: TGID,
+                    _pad: 0,
+                    ts_ns: 900,
+                },
+                enter_ns: 400,
+                ret: 1,
+                iteration_start_ns,
+            })
+        };
+        let out = FlowTable::new().handle(poll(0));
         let wait = LoopWait {
             tgid: TGID,
             enter_ns: 400,
             exit_ns: 900,
+            long_iteration_from_ns: None,
         };
         assert!(matches!(out.as_slice(), [Decoded::LoopWait(w)] if *w == wait));
         assert_eq!((out[0].start_ns(), out[0].end_ns()), (900, 900));
         assert!(!out[0].is_message());
+        // The wait after a long iteration says when that iteration began.
+        let out = FlowTable::new().handle(poll(100));
+        let long = LoopWait {
+            long_iteration_from_ns: Some(100),
+            ..wait
+        };
+        assert!(matches!(out.as_slice(), [Decoded::LoopWait(w)] if *w == long));
     }
 
     #[test]

@@ -58,6 +58,12 @@ pub const AT_ARRIVAL: MetricDef = counter(
     "Engine outputs timed at their arrival in the frontend (its loop was busy, or its mailbox \
      was not known yet): their requests' first-token and end times are lower bounds.",
 );
+pub const AFTER_LONG_ITERATION: MetricDef = counter(
+    "infertrace_outputs_after_long_iteration_total",
+    "Of the outputs counted at their arrival, those that reached the frontend while its event \
+     loop was held in one iteration over 50 ms (a garbage collection pass, a CPU-bound \
+     callback): timed at that iteration's end instead.",
+);
 pub const HANDED_OVER: MetricDef = counter(
     "infertrace_sends_handed_over_total",
     "Messages sent timed when the application handed them to libzmq's I/O thread.",
@@ -136,7 +142,7 @@ pub const BUILD_INFO: MetricDef = MetricDef::gauge(
 );
 
 /// Every agent metric, for exporters that declare instruments up front.
-pub static ALL: [&MetricDef; 28] = [
+pub static ALL: [&MetricDef; 29] = [
     &CAPTURED_SYSCALLS,
     &ELIDED_WRITES,
     &CUDA_LOOKUP_READ_FAILURES,
@@ -148,6 +154,7 @@ pub static ALL: [&MetricDef; 28] = [
     &TAKEN_OVER,
     &NEXT_ITERATION,
     &AT_ARRIVAL,
+    &AFTER_LONG_ITERATION,
     &HANDED_OVER,
     &SEND_PROBED,
     &AT_SEND,
@@ -277,6 +284,7 @@ pub fn handoffs(r: &mut Registry, handoffs: &HandoffStats) {
             (&TAKEN_OVER, handoffs.taken_over),
             (&NEXT_ITERATION, handoffs.next_iteration),
             (&AT_ARRIVAL, handoffs.at_arrival),
+            (&AFTER_LONG_ITERATION, handoffs.after_long_iteration),
             (&HANDED_OVER, handoffs.handed_over),
             (&SEND_PROBED, handoffs.send_probed),
             (&AT_SEND, handoffs.at_send),
