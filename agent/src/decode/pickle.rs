@@ -123,11 +123,78 @@ enum Node<'a> {
     /// copied only when [`loads`] builds the value (a [`PyRef`] reads them there).
     Text(&'a str),
     Bytes(&'a [u8]),
-    List(Vec<usize>),
-    Tuple(Vec<usize>),
-    Dict(Vec<(usize, usize)>),
-    Set(Vec<usize>),
+    /// Containers: their children's node ids lie in [`Tree::items`] (dicts: key and value
+    /// ids in [`Tree::pairs`]).
+    List(Seq),
+    Tuple(Seq),
+    Dict(Seq),
+    Set(Seq),
     Object(Box<ObjectNode>),
+}
+
+/// Where a container's children lie in their arena: `len` of them from `start`, in room for
+/// `cap`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seq {
+    start: usize,
+    len: usize,
+    cap: usize,
+}
+
+impl Seq {
+    /// A new container's children, put at the end of `arena`.
+    fn new<T>(arena: &mut Vec<T>, children: impl Iterator<Item = T>) -> Seq {
+        let start = arena.len();
+        arena.extend(children);
+        let len = arena.len() - start;
+        Seq {
+            start,
+            len,
+            cap: len,
+        }
+    }
+
+    fn of<T>(self, arena: &[T]) -> &[T] {
+        &arena[self.start..self.start + self.len]
+    }
+
+    /// Add `children` after the container's others: in place while there is room, else
+    /// moved to the end of `arena` with room for as many again, so that a pickle appending to
+    /// containers in turn copies each child a bounded number of times.
+    fn extend<T: Copy + Default>(
+        &mut self,
+        arena: &mut Vec<T>,
+        children: impl ExactSizeIterator<Item = T>,
+    ) {
+        let needed = self.len + children.len();
+        if needed > self.cap {
+            if self.start + self.cap == arena.len() {
+                // The last block in the arena grows where it is.
+                self.cap = needed;
+            } else {
+                let start = arena.len();
+                arena.extend_from_within(self.start..self.start + self.len);
+                self.start = start;
+                self.cap = needed.max(self.cap * 2);
+            }
+            arena.resize(self.start + self.cap, T::default());
+        }
+        let at = self.start + self.len;
+        for (slot, child) in arena[at..needed + self.start].iter_mut().zip(children) {
+            *slot = child;
+        }
+        self.len = needed;
+    }
+}
+
+/// A pickle's values: its nodes, and its containers' children in two arenas shared by all
+/// (an SGLang batch has a non-empty list or dict per request and column: one allocation each
+/// when they had their own).
+#[derive(Debug)]
+struct Tree<'a> {
+    nodes: Vec<Node<'a>>,
+    items: Vec<usize>,
+    pairs: Vec<(usize, usize)>,
 }
 
 /// An object's parts, as nodes.
@@ -136,8 +203,9 @@ struct ObjectNode {
     callable: usize,
     args: usize,
     state: Option<usize>,
-    items: Vec<usize>,
-    entries: Vec<(usize, usize)>,
+    /// Children of a list or dict subclass, in [`Tree::items`] and [`Tree::pairs`].
+    items: Seq,
+    entries: Seq,
 }
 
 impl Node<'_> {
@@ -151,10 +219,15 @@ impl Node<'_> {
     }
 
     /// APPEND(S): items into a list, a set or a list subclass.
-    fn append(&mut self, ids: impl Iterator<Item = usize>, at: usize) -> Result<(), PickleError> {
+    fn append(
+        &mut self,
+        arena: &mut Vec<usize>,
+        ids: impl ExactSizeIterator<Item = usize>,
+        at: usize,
+    ) -> Result<(), PickleError> {
         match self {
-            Node::List(v) | Node::Set(v) => v.extend(ids),
-            Node::Object(object) => object.items.extend(ids),
+            Node::List(seq) | Node::Set(seq) => seq.extend(arena, ids),
+            Node::Object(object) => object.items.extend(arena, ids),
             _ => return Err(PickleError::Malformed("APPEND to a non-list", at)),
         }
         Ok(())
@@ -163,12 +236,13 @@ impl Node<'_> {
     /// SETITEM(S): entries into a dict or a dict subclass.
     fn set_items(
         &mut self,
-        pairs: impl Iterator<Item = (usize, usize)>,
+        arena: &mut Vec<(usize, usize)>,
+        pairs: impl ExactSizeIterator<Item = (usize, usize)>,
         at: usize,
     ) -> Result<(), PickleError> {
         match self {
-            Node::Dict(v) => v.extend(pairs),
-            Node::Object(object) => object.entries.extend(pairs),
+            Node::Dict(seq) => seq.extend(arena, pairs),
+            Node::Object(object) => object.entries.extend(arena, pairs),
             _ => return Err(PickleError::Malformed("SETITEM on a non-dict", at)),
         }
         Ok(())
@@ -194,7 +268,7 @@ impl Slot {
 struct Machine<'a> {
     data: &'a [u8],
     at: usize,
-    nodes: Vec<Node<'a>>,
+    tree: Tree<'a>,
     stack: Vec<Slot>,
     /// PUT/MEMOIZE key -> node. Python's pickler numbers memo entries 0, 1, 2, ..., so they
     /// are kept in a vector; a key out of that order (another pickler) goes to the map.
@@ -217,15 +291,12 @@ pub fn loads(data: &[u8], buffers: &[Vec<u8>]) -> Result<PyValue, PickleError> {
 pub fn parse<'a>(data: &'a [u8], buffers: &'a [Vec<u8>]) -> Result<Pickle<'a>, PickleError> {
     let mut m = Machine::new(data, buffers);
     let top = m.run()?;
-    Ok(Pickle {
-        nodes: m.nodes,
-        top,
-    })
+    Ok(Pickle { tree: m.tree, top })
 }
 
 /// A decoded pickle's nodes (see [`parse`]).
 pub struct Pickle<'a> {
-    nodes: Vec<Node<'a>>,
+    tree: Tree<'a>,
     top: usize,
 }
 
@@ -233,7 +304,7 @@ impl Pickle<'_> {
     /// The value the pickle makes.
     pub fn root(&self) -> PyRef<'_> {
         PyRef {
-            nodes: &self.nodes,
+            tree: &self.tree,
             id: self.top,
         }
     }
@@ -244,7 +315,8 @@ impl Pickle<'_> {
         if depth > MAX_DEPTH {
             return Err(PickleError::TooDeep);
         }
-        Ok(match &self.nodes[id] {
+        let tree = &self.tree;
+        Ok(match &tree.nodes[id] {
             Node::Leaf(v) => {
                 charge(budget, payload_len(v))?;
                 v.clone()
@@ -257,10 +329,16 @@ impl Pickle<'_> {
                 charge(budget, bytes.len())?;
                 PyValue::Bytes(bytes.to_vec())
             }
-            Node::List(ids) => PyValue::List(self.expand_all(ids, depth, budget)?),
-            Node::Tuple(ids) => PyValue::Tuple(self.expand_all(ids, depth, budget)?),
-            Node::Set(ids) => PyValue::Set(self.expand_all(ids, depth, budget)?),
-            Node::Dict(ids) => PyValue::Dict(self.expand_pairs(ids, depth, budget)?),
+            Node::List(seq) => {
+                PyValue::List(self.expand_all(seq.of(&tree.items), depth, budget)?)
+            }
+            Node::Tuple(seq) => {
+                PyValue::Tuple(self.expand_all(seq.of(&tree.items), depth, budget)?)
+            }
+            Node::Set(seq) => PyValue::Set(self.expand_all(seq.of(&tree.items), depth, budget)?),
+            Node::Dict(seq) => {
+                PyValue::Dict(self.expand_pairs(seq.of(&tree.pairs), depth, budget)?)
+            }
             Node::Object(object) => {
                 let parts = 2 + usize::from(object.state.is_some());
                 charge_values(budget, parts, std::mem::size_of::<PyObject>())?;
@@ -271,8 +349,8 @@ impl Pickle<'_> {
                         Some(s) => Some(self.expand(s, depth + 1, budget)?),
                         None => None,
                     },
-                    items: self.expand_all(&object.items, depth, budget)?,
-                    entries: self.expand_pairs(&object.entries, depth, budget)?,
+                    items: self.expand_all(object.items.of(&tree.items), depth, budget)?,
+                    entries: self.expand_pairs(object.entries.of(&tree.pairs), depth, budget)?,
                 }))
             }
         })
@@ -313,7 +391,7 @@ impl Pickle<'_> {
 /// One value of a [`Pickle`], read with [`PyRead`](super::pyread::PyRead).
 #[derive(Clone, Copy)]
 pub struct PyRef<'p> {
-    nodes: &'p [Node<'p>],
+    tree: &'p Tree<'p>,
     id: usize,
 }
 
@@ -324,18 +402,18 @@ impl<'p> PyRef<'p> {
     }
 
     pub(super) fn leaf(self) -> Option<&'p PyValue> {
-        match &self.nodes[self.id] {
+        match &self.tree.nodes[self.id] {
             Node::Leaf(v) => Some(v),
             _ => None,
         }
     }
 
     pub(super) fn text(self) -> Option<&'p str> {
-        self.nodes[self.id].text()
+        self.tree.nodes[self.id].text()
     }
 
     pub(super) fn byte_string(self) -> Option<&'p [u8]> {
-        match &self.nodes[self.id] {
+        match &self.tree.nodes[self.id] {
             Node::Bytes(b) => Some(b),
             Node::Leaf(PyValue::Bytes(b)) => Some(b),
             _ => None,
@@ -344,26 +422,26 @@ impl<'p> PyRef<'p> {
 
     /// A list's or tuple's element nodes.
     pub(super) fn sequence(self) -> Option<&'p [usize]> {
-        match &self.nodes[self.id] {
-            Node::List(ids) | Node::Tuple(ids) => Some(ids),
+        match &self.tree.nodes[self.id] {
+            Node::List(seq) | Node::Tuple(seq) => Some(seq.of(&self.tree.items)),
             _ => None,
         }
     }
 
     pub(super) fn is_tuple_node(self) -> bool {
-        matches!(self.nodes[self.id], Node::Tuple(_))
+        matches!(self.tree.nodes[self.id], Node::Tuple(_))
     }
 
     /// A dict's (key, value) nodes.
     pub(super) fn dict(self) -> Option<&'p [(usize, usize)]> {
-        match &self.nodes[self.id] {
-            Node::Dict(pairs) => Some(pairs),
+        match &self.tree.nodes[self.id] {
+            Node::Dict(seq) => Some(seq.of(&self.tree.pairs)),
             _ => None,
         }
     }
 
     pub(super) fn object_parts(self) -> Option<(Self, Self, Option<Self>)> {
-        match &self.nodes[self.id] {
+        match &self.tree.nodes[self.id] {
             Node::Object(o) => Some((
                 self.at(o.callable),
                 self.at(o.args),
@@ -409,7 +487,11 @@ impl<'a> Machine<'a> {
             at: 0,
             // Sized for SGLang's batches (a node per 6 bytes, a memo entry per 16), so that
             // they are not copied as they grow (5-7 % of the decoding time).
-            nodes: Vec::with_capacity(data.len() / 4),
+            tree: Tree {
+                nodes: Vec::with_capacity(data.len() / 4),
+                items: Vec::with_capacity(data.len() / 8),
+                pairs: Vec::with_capacity(data.len() / 32),
+            },
             stack: Vec::with_capacity(64),
             memo: Vec::with_capacity(data.len() / 8),
             memo_elsewhere: HashMap::new(),
@@ -463,11 +545,12 @@ impl<'a> Machine<'a> {
     }
 
     fn node(&mut self, node: Node<'a>) -> Result<usize, PickleError> {
-        if self.nodes.len() >= MAX_NODES {
+        let nodes = &mut self.tree.nodes;
+        if nodes.len() >= MAX_NODES {
             return Err(PickleError::TooLarge("too many values"));
         }
-        self.nodes.push(node);
-        Ok(self.nodes.len() - 1)
+        nodes.push(node);
+        Ok(nodes.len() - 1)
     }
 
     fn push(&mut self, node: Node<'a>) -> Result<(), PickleError> {
@@ -504,9 +587,10 @@ impl<'a> Machine<'a> {
     }
 
     /// Everything above the topmost MARK, which is removed.
-    fn pop_mark(&mut self) -> Result<Vec<usize>, PickleError> {
+    fn pop_mark(&mut self) -> Result<Seq, PickleError> {
         let mark = self.mark()?;
-        let items = self.stack[mark + 1..].iter().map(Slot::id).collect();
+        let ids = self.stack[mark + 1..].iter().map(Slot::id);
+        let items = Seq::new(&mut self.tree.items, ids);
         self.stack.truncate(mark);
         Ok(items)
     }
@@ -521,14 +605,20 @@ impl<'a> Machine<'a> {
             return Err(PickleError::Malformed("no value on the stack", at));
         };
         let added = &self.stack[mark + 1..];
-        let target = &mut self.nodes[target];
+        let Tree {
+            nodes,
+            items,
+            pairs,
+        } = &mut self.tree;
+        let target = &mut nodes[target];
         if as_pairs {
             if !added.len().is_multiple_of(2) {
                 return Err(PickleError::Malformed("odd number of dict items", at));
             }
-            target.set_items(added.chunks_exact(2).map(|p| (p[0].id(), p[1].id())), at)?;
+            let added = added.chunks_exact(2).map(|p| (p[0].id(), p[1].id()));
+            target.set_items(pairs, added, at)?;
         } else {
-            target.append(added.iter().map(Slot::id), at)?;
+            target.append(items, added.iter().map(Slot::id), at)?;
         }
         self.stack.truncate(mark);
         Ok(())
@@ -539,12 +629,18 @@ impl<'a> Machine<'a> {
             .map_err(|_| PickleError::Malformed("invalid UTF-8", self.at))
     }
 
-    /// Alternating keys and values as pairs.
-    fn pairs(&self, flat: &[usize]) -> Result<Vec<(usize, usize)>, PickleError> {
+    /// Everything above the topmost MARK (which is removed), alternating keys and values, as
+    /// a new dict's entries.
+    fn pop_mark_pairs(&mut self) -> Result<Seq, PickleError> {
+        let mark = self.mark()?;
+        let flat = &self.stack[mark + 1..];
         if !flat.len().is_multiple_of(2) {
             return Err(PickleError::Malformed("odd number of dict items", self.at));
         }
-        Ok(flat.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+        let pairs = flat.chunks_exact(2).map(|p| (p[0].id(), p[1].id()));
+        let entries = Seq::new(&mut self.tree.pairs, pairs);
+        self.stack.truncate(mark);
+        Ok(entries)
     }
 
     fn object(
@@ -557,8 +653,8 @@ impl<'a> Machine<'a> {
             callable,
             args,
             state,
-            items: Vec::new(),
-            entries: Vec::new(),
+            items: Seq::default(),
+            entries: Seq::default(),
         })))
     }
 
@@ -725,10 +821,10 @@ impl<'a> Machine<'a> {
                     // READONLY_BUFFER: no change to a decoded value.
                     self.top()?;
                 }
-                b']' => self.push(Node::List(Vec::new()))?,
-                b')' => self.push(Node::Tuple(Vec::new()))?,
-                b'}' => self.push(Node::Dict(Vec::new()))?,
-                0x8f => self.push(Node::Set(Vec::new()))?,
+                b']' => self.push(Node::List(Seq::default()))?,
+                b')' => self.push(Node::Tuple(Seq::default()))?,
+                b'}' => self.push(Node::Dict(Seq::default()))?,
+                0x8f => self.push(Node::Set(Seq::default()))?,
                 b'l' => {
                     let items = self.pop_mark()?;
                     self.push(Node::List(items))?
@@ -739,16 +835,24 @@ impl<'a> Machine<'a> {
                 }
                 0x85..=0x87 => {
                     let n = usize::from(op - 0x84);
-                    let mut items = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        items.push(self.pop()?);
+                    // The errors `pop` would give, popping them one by one.
+                    for i in 1..=n {
+                        match self.stack.len().checked_sub(i).map(|j| self.stack[j]) {
+                            Some(Slot::Value(_)) => {}
+                            Some(Slot::Mark) => {
+                                return Err(PickleError::Malformed("unexpected MARK", self.at));
+                            }
+                            None => return Err(PickleError::Malformed("stack underflow", self.at)),
+                        }
                     }
-                    items.reverse();
+                    let first = self.stack.len() - n;
+                    let ids = self.stack[first..].iter().map(Slot::id);
+                    let items = Seq::new(&mut self.tree.items, ids);
+                    self.stack.truncate(first);
                     self.push(Node::Tuple(items))?
                 }
                 b'd' => {
-                    let flat = self.pop_mark()?;
-                    let pairs = self.pairs(&flat)?;
+                    let pairs = self.pop_mark_pairs()?;
                     self.push(Node::Dict(pairs))?
                 }
                 0x91 => {
@@ -758,14 +862,16 @@ impl<'a> Machine<'a> {
                 b'a' => {
                     let item = self.pop()?;
                     let list = self.top()?;
-                    self.nodes[list].append(std::iter::once(item), at)?
+                    let Tree { nodes, items, .. } = &mut self.tree;
+                    nodes[list].append(items, std::iter::once(item), at)?
                 }
                 b'e' | 0x90 => self.extend_from_mark(false)?,
                 b's' => {
                     let value = self.pop()?;
                     let key = self.pop()?;
                     let dict = self.top()?;
-                    self.nodes[dict].set_items(std::iter::once((key, value)), at)?
+                    let Tree { nodes, pairs, .. } = &mut self.tree;
+                    nodes[dict].set_items(pairs, std::iter::once((key, value)), at)?
                 }
                 b'u' => self.extend_from_mark(true)?,
                 b'c' => {
@@ -778,7 +884,7 @@ impl<'a> Machine<'a> {
                     let name = self.pop()?;
                     let module = self.pop()?;
                     let text = |m: &Self, id: usize| {
-                        m.nodes[id]
+                        m.tree.nodes[id]
                             .text()
                             .map(str::to_owned)
                             .ok_or(PickleError::Malformed("STACK_GLOBAL of non-strings", at))
@@ -800,10 +906,12 @@ impl<'a> Machine<'a> {
                 }
                 b'o' => {
                     let mut items = self.pop_mark()?;
-                    if items.is_empty() {
+                    if items.len == 0 {
                         return Err(PickleError::Malformed("OBJ without a class", at));
                     }
-                    let cls = items.remove(0);
+                    let cls = self.tree.items[items.start];
+                    (items.start, items.len, items.cap) =
+                        (items.start + 1, items.len - 1, items.cap - 1);
                     let args = self.node(Node::Tuple(items))?;
                     self.object(cls, args, None)?
                 }
@@ -819,7 +927,7 @@ impl<'a> Machine<'a> {
                 b'b' => {
                     let new_state = self.pop()?;
                     let target = self.top()?;
-                    match &mut self.nodes[target] {
+                    match &mut self.tree.nodes[target] {
                         Node::Object(object) => object.state = Some(new_state),
                         _ => return Err(PickleError::Malformed("BUILD on a non-object", at)),
                     }
@@ -979,6 +1087,51 @@ mod tests {
     /// module named sglang.srt.managers.io_struct, by CPython 3.11.
     const REQ_P2: &str = "80026373676c616e672e7372742e6d616e61676572732e696f5f7374727563740a546f6b656e697a656447656e6572617465526571496e7075740a7100298171017d71022858030000007269647103580600000061626331323371045809000000696e7075745f69647371055d7106284b014b024b034d2c014a701101004afbffffff8a0600000000000165580800000073616d706c696e6771077d710828580e0000006d61785f6e65775f746f6b656e7371094b08580b00000074656d7065726174757265710a47000000000000000075580600000073747265616d710b8875622e";
     const REQ_P5: &str = "800595c4000000000000008c1d73676c616e672e7372742e6d616e61676572732e696f5f737472756374948c19546f6b656e697a656447656e6572617465526571496e7075749493942981947d94288c03726964948c06616263313233948c09696e7075745f696473945d94284b014b024b034d2c014a701101004afbffffff8a06000000000001658c0873616d706c696e67947d94288c0e6d61785f6e65775f746f6b656e73944b088c0b74656d706572617475726594470000000000000000758c0673747265616d948875622e";
+
+    #[test]
+    fn containers_filled_in_turn_keep_their_own_children_in_bounded_arenas() {
+        // Two lists and two dicts, appended to one item at a time in turn (through the memo),
+        // then returned as a 4-tuple: each container's children move to the arena's end when
+        // another's came after them.
+        let mut p = vec![
+            0x80, 2, b']', b'q', 0, b']', b'q', 1, b'}', b'q', 2, b'}', b'q', 3,
+        ];
+        const ROUNDS: u8 = 200;
+        for i in 0..ROUNDS {
+            p.extend([b'h', 0, b'K', i, b'a', b'0']);
+            p.extend([b'h', 1, b'(', b'K', i, b'K', i, b'e', b'0']);
+            p.extend([b'h', 2, b'K', i, b'K', i, b's', b'0']);
+            p.extend([b'h', 3, b'(', b'K', i, b'K', 1, b'u', b'0']);
+        }
+        p.extend([b'(', b'h', 0, b'h', 1, b'h', 2, b'h', 3, b't', b'.']);
+        let list = |n| {
+            (0..ROUNDS)
+                .flat_map(|i| vec![PyValue::Int(i64::from(i)); n])
+                .collect()
+        };
+        let dict = |v: fn(u8) -> i64| {
+            (0..ROUNDS)
+                .map(|i| (PyValue::Int(i64::from(i)), PyValue::Int(v(i))))
+                .collect()
+        };
+        assert_eq!(
+            loads(&p, &[]).unwrap(),
+            PyValue::Tuple(vec![
+                PyValue::List(list(1)),
+                PyValue::List(list(2)),
+                PyValue::Dict(dict(i64::from)),
+                PyValue::Dict(dict(|_| 1)),
+            ])
+        );
+        let pickle = parse(&p, &[]).unwrap();
+        let children = 3 * usize::from(ROUNDS) + 4;
+        assert!(
+            pickle.tree.items.len() <= 4 * children,
+            "{}",
+            pickle.tree.items.len()
+        );
+        assert!(pickle.tree.pairs.len() <= 4 * 2 * usize::from(ROUNDS));
+    }
 
     #[test]
     fn dataclass_instances_in_protocols_2_and_5() {
