@@ -172,9 +172,29 @@ struct Process {
 #[derive(Default)]
 pub struct Handoffs {
     processes: HashMap<u32, Process>,
-    taken: HashMap<u64, u64>,
-    order: VecDeque<u64>,
+    taken: TakenInstants,
     pub stats: HandoffStats,
+}
+
+/// The instants found, by the capture time they replace; the oldest go first past
+/// [`MAX_KEPT`].
+#[derive(Default)]
+struct TakenInstants {
+    by_capture: HashMap<u64, u64>,
+    order: VecDeque<u64>,
+}
+
+impl TakenInstants {
+    fn remember(&mut self, captured_ns: u64, instant_ns: u64) {
+        if self.by_capture.insert(captured_ns, instant_ns).is_none() {
+            self.order.push_back(captured_ns);
+        }
+        if self.order.len() > MAX_KEPT
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.by_capture.remove(&oldest);
+        }
+    }
 }
 
 impl Handoffs {
@@ -217,7 +237,7 @@ impl Handoffs {
                 self.stats.handed_over += 1;
             }
             self.stats.send_probed += 1;
-            self.remember(late.write_ns, late.handed_ns);
+            self.taken.remember(late.write_ns, late.handed_ns);
         }
     }
 
@@ -253,7 +273,7 @@ impl Handoffs {
             if keep {
                 self.stats.handed_over += 1;
                 self.stats.send_probed += 1;
-                self.remember(ns, handed);
+                self.taken.remember(ns, handed);
             }
             return ns;
         }
@@ -298,7 +318,7 @@ impl Handoffs {
             .retain(|&(other_fd, other_w)| other_fd != fd || other_w > w);
         if keep {
             self.stats.handed_over += 1;
-            self.remember(ns, w);
+            self.taken.remember(ns, w);
         }
         true
     }
@@ -358,7 +378,7 @@ impl Handoffs {
         };
         self.stats.taken_over += kept.len() as u64;
         for received_ns in kept {
-            self.remember(received_ns, w.ns);
+            self.taken.remember(received_ns, w.ns);
         }
     }
 
@@ -367,7 +387,12 @@ impl Handoffs {
     /// messages no signal followed that arrived before it are placed: those of a long
     /// iteration (`wait.long_iteration_from_ns`) at its end, the others at their arrival.
     pub fn loop_waited(&mut self, wait: &LoopWait) {
-        let Some(process) = self.processes.get_mut(&wait.tgid) else {
+        let Self {
+            processes,
+            taken,
+            stats,
+        } = self;
+        let Some(process) = processes.get_mut(&wait.tgid) else {
             return;
         };
         // A message a signal did not follow within its window before the loop waited was
@@ -379,7 +404,7 @@ impl Handoffs {
                 .is_some_and(|c| wait.enter_ns.saturating_sub(c.ns) > SIGNAL_WINDOW_NS)
         {
             let stale = std::mem::take(&mut process.candidate);
-            self.stats.at_arrival += kept(&stale);
+            stats.at_arrival += kept(&stale);
             process.hold_unsignalled(stale);
         }
         let held_from = match wait.long_iteration_from_ns {
@@ -394,35 +419,28 @@ impl Handoffs {
                 event_loop.then_some(from)
             }
         };
-        let mut held = Vec::new();
         while let Some(a) = process.unsignalled.front().copied() {
             if a.ns >= wait.enter_ns {
                 break;
             }
             process.unsignalled.pop_front();
             if held_from.is_some_and(|from| a.ns > from) {
-                held.push(a);
+                stats.after_long_iteration += 1;
+                // Taken at the iteration's end; handled there, or in the next iteration.
+                let instant = match a.handling {
+                    Handling::AtTakeOver => wait.enter_ns,
+                    Handling::NextIteration => wait.exit_ns,
+                };
+                taken.remember(a.ns, instant);
             }
         }
-        self.stats.after_long_iteration += held.len() as u64;
-        for a in held {
-            // Taken at the iteration's end; handled there, or in the next iteration.
-            let instant = match a.handling {
-                Handling::AtTakeOver => wait.enter_ns,
-                Handling::NextIteration => wait.exit_ns,
-            };
-            self.remember(a.ns, instant);
-        }
-        let Some(process) = self.processes.get_mut(&wait.tgid) else {
-            return;
-        };
         if wait.enter_ns < process.last_read_ns || process.awaiting_iteration.is_empty() {
             return;
         }
         let moved = std::mem::take(&mut process.awaiting_iteration);
-        self.stats.next_iteration += moved.len() as u64;
+        stats.next_iteration += moved.len() as u64;
         for received_ns in moved {
-            self.remember(received_ns, wait.exit_ns);
+            taken.remember(received_ns, wait.exit_ns);
         }
     }
 
@@ -430,18 +448,7 @@ impl Handoffs {
     /// mailbox read that woke the loop for it), or the message sent at that time was handed
     /// to the I/O thread (the mailbox write that woke it); else that time itself.
     pub fn taken_at(&self, ns: u64) -> u64 {
-        self.taken.get(&ns).copied().unwrap_or(ns)
-    }
-
-    fn remember(&mut self, captured_ns: u64, instant_ns: u64) {
-        if self.taken.insert(captured_ns, instant_ns).is_none() {
-            self.order.push_back(captured_ns);
-        }
-        if self.order.len() > MAX_KEPT
-            && let Some(oldest) = self.order.pop_front()
-        {
-            self.taken.remove(&oldest);
-        }
+        self.taken.by_capture.get(&ns).copied().unwrap_or(ns)
     }
 }
 
