@@ -150,6 +150,24 @@ mod tests {
         Some((value, rest.len()))
     }
 
+    fn encoded(value: &Value) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, value).unwrap();
+        bytes
+    }
+
+    /// `value` is read as rmpv reads it (or refused as it is) at each of `depths`.
+    fn same_as_rmpv_at(value: &Value, depths: std::ops::RangeInclusive<usize>) {
+        let bytes = encoded(value);
+        for depth in depths {
+            assert_eq!(
+                ours(&bytes, depth),
+                rmpv_reads(&bytes, depth),
+                "{value:?} at depth {depth}"
+            );
+        }
+    }
+
     #[test]
     fn every_kind_of_value_reads_as_rmpv_reads_it() {
         let value = Value::Array(vec![
@@ -175,8 +193,7 @@ mod tests {
             Value::Ext(3, vec![9; 4]),
             Value::Ext(-2, vec![9; 300]),
         ]);
-        let mut bytes = Vec::new();
-        rmpv::encode::write_value(&mut bytes, &value).unwrap();
+        let bytes = encoded(&value);
         // A string that is not UTF-8, and bytes after the value.
         let mut with_invalid = bytes.clone();
         let at = with_invalid.windows(5).position(|w| w == b"req-1").unwrap();
@@ -190,16 +207,9 @@ mod tests {
 
     #[test]
     fn truncated_deep_and_lying_input_is_an_error() {
-        let mut bytes = Vec::new();
         let nested = (0..5).fold(Value::from(1), |v, _| Value::Array(vec![v]));
-        rmpv::encode::write_value(&mut bytes, &nested).unwrap();
-        for depth in 9..=12 {
-            assert_eq!(
-                ours(&bytes, depth),
-                rmpv_reads(&bytes, depth),
-                "depth {depth}"
-            );
-        }
+        same_as_rmpv_at(&nested, 9..=12);
+        let bytes = encoded(&nested);
         assert_eq!(read_value(&mut &bytes[..], 10), Err(MsgpackError::TooDeep));
         assert!(ours(&bytes, 11).is_some());
         for end in 0..bytes.len() {
@@ -224,15 +234,7 @@ mod tests {
             Value::from(1),
         ] {
             let nested = (0..3).fold(leaf, |v, _| Value::Array(vec![v]));
-            let mut bytes = Vec::new();
-            rmpv::encode::write_value(&mut bytes, &nested).unwrap();
-            for depth in 0..=12 {
-                assert_eq!(
-                    ours(&bytes, depth),
-                    rmpv_reads(&bytes, depth),
-                    "{nested:?} at depth {depth}"
-                );
-            }
+            same_as_rmpv_at(&nested, 0..=12);
         }
     }
 }
