@@ -15,7 +15,7 @@ fn read<'v>(v: impl PyRead<'v>) {
     if let Some((_, _, fields)) = v.instance() {
         for key in ["rids", "input_ids", "output_ids", "time_stats"] {
             if let Some(field) = fields.get(key) {
-                let _ = (field.int_array(), field.int_count(), field.items());
+                let _ = (field.int_array(), field.items());
                 let _ = field.item(0).and_then(PyRead::instance);
             }
         }

@@ -1,11 +1,17 @@
 //! Fuzzes the SGLang message decoder, both encodings: arbitrary bytes as one ZeroMQ frame (a
-//! pickle when it starts with PROTO, else msgpack), typed through the field tables. It must
-//! return a message, an error or "not SGLang", and never panic.
+//! pickle when it starts with PROTO, else msgpack), typed through the field tables, and read
+//! for an output batch's leading fields without decoding it (`output_head`, which walks a
+//! pickle's first opcodes). Each must return a message, an error or nothing, and never panic.
 #![no_main]
 
 use infertrace::engines::sglang::wire::SglangDecoder;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = SglangDecoder::default().decode(&[data.to_vec()]);
+    let decoder = SglangDecoder::default();
+    let frames = [data.to_vec()];
+    let _ = decoder.decode(&frames);
+    if let Some((_, leading)) = decoder.output_head(&frames) {
+        assert!(leading.len() < data.len(), "the leading fields lie inside the message");
+    }
 });

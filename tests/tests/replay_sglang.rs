@@ -9,7 +9,11 @@ use infertrace::{
     discover::engine::Target,
     engines::{
         Engine,
-        sglang::wire::{OutputStage, RidOutput, SglangDecoder, SglangMessage, SglangRequest},
+        sglang::{
+            SglangInstance,
+            tracker::SglangStats,
+            wire::{OutputStage, RidOutput, SglangDecoder, SglangMessage, SglangRequest},
+        },
     },
     export::jsonl::Jsonl,
     pipeline::{Pipeline, PipelineOptions},
@@ -237,10 +241,75 @@ fn both_encodings_decode_to_the_same_requests_and_outputs() {
     assert_eq!(shape(&pickle), shape(&msgpack));
 }
 
-/// infertrace's JSONL for one recording, replayed as SGLang at a trace level.
-fn replay_to_jsonl(name: &str, out: &std::path::Path, sglang_trace_level: u8) {
+/// Main's receipt of each step repeats the scheduler's send of it (engines/sglang/
+/// output_receipts.rs): the leading fields read from the receipt's first bytes are the send's,
+/// in send order, and the receipt decoded in full carries the same outputs.
+#[test]
+fn each_receipt_at_main_repeats_a_scheduler_send_in_order() {
+    let decoder = SglangDecoder::default();
+    for mode in ["pickle", "msgpack"] {
+        let mut sends = std::collections::VecDeque::new();
+        let mut receipts = 0;
+        session::replay(&fixture(&format!("sglang-0.5.23-{mode}.rec")), |_, d| {
+            let Decoded::Zmtp {
+                outgoing, message, ..
+            } = d
+            else {
+                return;
+            };
+            let head = decoder.output_head(&message.frames);
+            let Some(Ok(SglangMessage::Outputs(o))) = decoder.decode(&message.frames) else {
+                assert!(
+                    head.is_none(),
+                    "{mode}: a head read from a message of another kind"
+                );
+                return;
+            };
+            let (stage, leading) = head.expect("every output batch's head is read");
+            assert_eq!(stage, o.stage, "{mode}");
+            match (o.stage, outgoing) {
+                (OutputStage::TokenIds, true) => {
+                    assert_eq!(o.leading.as_deref(), Some(leading), "{mode}");
+                    sends.push_back(o);
+                }
+                (OutputStage::Strings, false) => {
+                    let send = sends.pop_front().expect("a receipt before its send");
+                    assert_eq!(send.leading.as_deref(), Some(leading), "{mode}");
+                    // The detokenizer re-bases the scheduler's time stats, which main does not
+                    // read from a receipt.
+                    let untimed = |items: Vec<RidOutput>| -> Vec<RidOutput> {
+                        let untimed = |item| RidOutput {
+                            times: None,
+                            ..item
+                        };
+                        items.into_iter().map(untimed).collect()
+                    };
+                    assert_eq!(
+                        untimed(send.items),
+                        untimed(o.items),
+                        "{mode}: the receipt's outputs"
+                    );
+                    assert_eq!(o.leading, None, "{mode}: a receipt keeps no leading bytes");
+                    receipts += 1;
+                }
+                _ => {}
+            }
+        })
+        .expect("replay");
+        assert!(receipts > 100, "{mode}: {receipts} receipts");
+        assert!(
+            sends.is_empty(),
+            "{mode}: {} sends never received",
+            sends.len()
+        );
+    }
+}
+
+/// infertrace's JSONL for one recording, replayed as SGLang at a trace level, and the SGLang
+/// tracker's counters.
+fn replay_to_jsonl(name: &str, out: &std::path::Path, sglang_trace_level: u8) -> SglangStats {
     let file = std::fs::File::create(out).expect("temp file");
-    session::replay_pipeline(
+    let (_, _, pipeline) = session::replay_pipeline(
         &fixture(name),
         |header| {
             Ok(Pipeline::new(
@@ -268,6 +337,13 @@ fn replay_to_jsonl(name: &str, out: &std::path::Path, sglang_trace_level: u8) {
         |_, _| {},
     )
     .expect("replay");
+    pipeline
+        .expect("decoded messages")
+        .instances()
+        .next()
+        .and_then(|i| i.as_any().downcast_ref::<SglangInstance>())
+        .expect("an SGLang instance")
+        .stats()
 }
 
 /// The request spans and their stage spans, compared with SGLang's own tracing of the same
@@ -279,7 +355,10 @@ fn sglang_request_and_stage_spans_agree_with_sglangs_own() {
             "infertrace-sglang-{mode}-{}.jsonl",
             std::process::id()
         ));
-        replay_to_jsonl(&format!("sglang-0.5.23-{mode}.rec"), &out, 3);
+        let stats = replay_to_jsonl(&format!("sglang-0.5.23-{mode}.rec"), &out, 3);
+        // Every receipt at main was taken from the scheduler's send it repeats.
+        assert_eq!(stats.outputs_repeating_sends, stats.outputs, "{mode}");
+        assert!(stats.outputs > 100, "{mode}: {} outputs", stats.outputs);
         let read = |suffix: &str| {
             std::fs::read_to_string(fixture(&format!("sglang-0.5.23-{mode}.{suffix}")))
                 .expect("fixture")

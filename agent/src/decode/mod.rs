@@ -10,6 +10,7 @@ pub mod lines;
 pub mod msgpack;
 pub mod openai;
 pub mod pickle;
+pub mod pickle_head;
 pub mod pyread;
 pub mod python;
 pub mod sse;

@@ -1416,7 +1416,6 @@ mod tests {
         ]);
         let arr = object(PyValue::global("array", "_array_reconstructor"), args, None);
         assert_eq!(arr.int_array(), Some(vec![3, 326, -1]));
-        assert_eq!(arr.int_count(), Some(3));
         assert_eq!(
             PyValue::List(vec![PyValue::Int(1), PyValue::Int(2)]).int_array(),
             Some(vec![1, 2])

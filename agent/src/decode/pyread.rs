@@ -61,22 +61,6 @@ pub trait PyRead<'v>: Copy + Sized {
         let (format, bytes) = machine_array(self)?;
         machine_ints(format, bytes)
     }
-
-    /// How many ints [`PyRead::int_array`] holds, without building them (an SGLang output's
-    /// new tokens are counted, not read): also for unsigned 64-bit items beyond i64.
-    fn int_count(self) -> Option<usize> {
-        if let Some(n) = self.seq_len() {
-            return (0..n)
-                .all(|i| self.item(i).and_then(PyRead::as_i64).is_some())
-                .then_some(n);
-        }
-        let (format, bytes) = machine_array(self)?;
-        let (width, ..) = machine_format(format)?;
-        bytes
-            .len()
-            .is_multiple_of(width)
-            .then_some(bytes.len() / width)
-    }
 }
 
 /// The field dict of an instance state: the state itself, or the dict of a `(dict, slots)`
@@ -319,10 +303,10 @@ mod tests {
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect::<Vec<_>>();
-        for (bytes, ints, count) in [
-            (three, Some(vec![3, 326, 7]), Some(3)),
-            // Beyond i64: not ints, but counted.
-            (beyond, None, Some(1)),
+        for (bytes, ints) in [
+            (three, Some(vec![3, 326, 7])),
+            // Beyond i64: not ints.
+            (beyond, None),
         ] {
             // Format 10: unsigned 64-bit little-endian.
             let p = pickled_array(10, &bytes);
@@ -330,20 +314,15 @@ mod tests {
             let pickle = parse(&p, &[]).unwrap();
             assert_eq!(expanded.int_array(), ints);
             assert_eq!(pickle.root().int_array(), ints);
-            assert_eq!(expanded.int_count(), count);
-            assert_eq!(pickle.root().int_count(), count);
         }
-        // A float array has neither.
+        // A float array has no ints.
         let p = pickled_array(18, &[0; 8]);
-        assert_eq!(parse(&p, &[]).unwrap().root().int_count(), None);
-        // A list counts only when every item is an int.
+        assert_eq!(parse(&p, &[]).unwrap().root().int_array(), None);
+        // A list has them only when every item is an int.
         let list = loads(b"(K\x01K\x02l.", &[]).unwrap();
-        assert_eq!(
-            (list.int_array(), list.int_count()),
-            (Some(vec![1, 2]), Some(2))
-        );
+        assert_eq!(list.int_array(), Some(vec![1, 2]));
         let mixed = loads(b"(K\x01Nl.", &[]).unwrap();
-        assert_eq!((mixed.int_array(), mixed.int_count()), (None, None));
+        assert_eq!(mixed.int_array(), None);
     }
 
     #[test]

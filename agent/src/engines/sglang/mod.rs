@@ -6,6 +6,7 @@ pub mod dispatch_start;
 pub mod log;
 pub mod losses;
 pub mod metrics;
+pub mod output_receipts;
 pub mod recognition;
 pub mod retractions;
 pub mod scheduler_loop;
@@ -225,8 +226,8 @@ impl EngineInstance for SglangInstance {
     fn summary(&self) -> String {
         let g = &self.tracker.stats;
         format!(
-            "SGLang (pid {}): {} requests sent to the scheduler, {} outputs, {} undecodable \
-             messages, {} health checks left out, {} outputs of requests sent before attach, {} \
+            "SGLang (pid {}): {} requests sent to the scheduler, {} outputs ({} repeating the \
+             scheduler's send, not decoded again), {} undecodable messages, {} health checks left out, {} outputs of requests sent before attach, {} \
              requests unfinished at the end, {} dropped (too many in flight), {} scheduler log \
              lines read ({} statistics reports), {} retractions placed ({} whose request was \
              not certain left out), {} scheduler loop iterations followed, decode steps and \
@@ -236,6 +237,7 @@ impl EngineInstance for SglangInstance {
             self.core.target.pid,
             g.requests,
             g.outputs,
+            g.outputs_repeating_sends,
             g.undecodable,
             g.health_checks,
             g.outputs_without_request,

@@ -24,11 +24,12 @@ use std::collections::{HashMap, HashSet};
 use super::{
     dispatch_start::DispatchStarts,
     log::{self as sglang_log, DecodeStats, SchedulerLog},
+    output_receipts::OutputReceipts,
     retractions::RetractionLog,
     scheduler_loop::{LoopView, RequestSteps, SchedulerLoops, StatsLine},
     wire::{
         self, OutputStage, RidOutput, SchedulerTimes, SglangDecoder, SglangFinish, SglangMessage,
-        SglangRequest, SglangSampling, TraceContext,
+        SglangOutputs, SglangRequest, SglangSampling, TraceContext,
     },
 };
 use crate::decode::flows::Decoded;
@@ -381,7 +382,10 @@ pub type SglangTrace = Outcome<SglangTimeline>;
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct SglangStats {
     pub requests: u64,
+    /// Main's receipts of outputs, and those of them that repeated a scheduler's send
+    /// (`output_receipts`: not decoded again).
     pub outputs: u64,
+    pub outputs_repeating_sends: u64,
     /// Messages that looked like SGLang's but did not decode.
     pub undecodable: u64,
     /// `/health` probes, left out of the traces.
@@ -436,6 +440,7 @@ pub struct SglangTracker {
     /// returned, and the reader's can return first (or land in an earlier drain).
     early_receipts: HashMap<String, Vec<(u32, Hop, u64)>>,
     retraction_log: RetractionLog,
+    output_receipts: OutputReceipts,
     pub stats: SglangStats,
 }
 
@@ -457,6 +462,7 @@ impl Default for SglangTracker {
             reports: Vec::new(),
             early_receipts: HashMap::new(),
             retraction_log: RetractionLog::default(),
+            output_receipts: OutputReceipts::default(),
             stats: SglangStats::default(),
         }
     }
@@ -556,7 +562,14 @@ impl SglangTracker {
                 outgoing,
                 message,
             } => {
-                let decoded = self.decoder.decode(&message.frames);
+                let decoded = match self.receipt_of_a_send(&message.frames, *outgoing) {
+                    Some(items) => Some(Ok(SglangMessage::Outputs(SglangOutputs {
+                        stage: OutputStage::Strings,
+                        items,
+                        leading: None,
+                    }))),
+                    None => self.decoder.decode(&message.frames),
+                };
                 // A message sent is known by the key its hand-over is looked up by.
                 let mut first_ns = message.first_ns;
                 if *outgoing {
@@ -590,6 +603,21 @@ impl SglangTracker {
                     None => {}
                 }
             }
+        }
+    }
+
+    /// The outputs of the scheduler's send that main's receipt `frames` repeats, if it is one.
+    fn receipt_of_a_send(&mut self, frames: &[Vec<u8>], outgoing: bool) -> Option<Vec<RidOutput>> {
+        if outgoing {
+            return None;
+        }
+        match self.decoder.output_head(frames)? {
+            (OutputStage::Strings, leading) => {
+                let items = self.output_receipts.received(leading)?;
+                self.stats.outputs_repeating_sends += 1;
+                Some(items)
+            }
+            _ => None,
         }
     }
 
@@ -658,6 +686,9 @@ impl SglangTracker {
                         // clock offset before passing them on (pickle mode).
                         t.times = item.times.or(t.times);
                     }
+                }
+                if let Some(leading) = o.leading {
+                    self.output_receipts.sent(leading, o.items);
                 }
             }
             (SglangMessage::Outputs(o), false) if o.stage == OutputStage::Strings => {
@@ -1068,7 +1099,6 @@ mod tests {
     #[test]
     fn a_retraction_is_put_on_the_request_whose_count_rose() {
         use crate::decode::flows::LogLine;
-        use crate::engines::sglang::wire::{OutputStage, SglangOutputs};
         let mut tracker = SglangTracker::default();
         let request = SglangMessage::Request(Box::new(SglangRequest {
             rid: "r1".into(),
@@ -1084,6 +1114,7 @@ mod tests {
                     retractions: Some(retractions),
                     ..RidOutput::default()
                 }],
+                leading: None,
             })
         };
         tracker.message(20, true, output(0), (200, 210), Handling::AtTakeOver);

@@ -20,6 +20,7 @@ use rmpv::Value;
 use crate::decode::{
     msgpack,
     pickle::{self, PickleError, PyValue},
+    pickle_head,
     pyread::PyRead,
 };
 
@@ -137,15 +138,20 @@ pub enum OutputStage {
 pub struct SglangOutputs {
     pub stage: OutputStage,
     pub items: Vec<RidOutput>,
+    /// A scheduler's send: the bytes of its [`LEADING_FIELDS`] (`output_receipts`), where
+    /// [`SglangDecoder::output_head`] reads them.
+    pub leading: Option<Vec<u8>>,
 }
+
+/// The fields an output batch begins with, in `BatchTokenIDOutput` and `BatchStrOutput`
+/// alike: the detokenizer passes them on to main as the scheduler sent them.
+const LEADING_FIELDS: [&str; 3] = ["rids", "http_worker_ipcs", "finished_reasons"];
 
 /// One request's part of a batch output. Counts are cumulative for the request.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RidOutput {
     pub rid: String,
     pub finish: Option<SglangFinish>,
-    /// Tokens generated since the request's previous output.
-    pub new_tokens: u64,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
@@ -418,17 +424,62 @@ impl Default for SglangDecoder {
 
 impl SglangDecoder {
     /// Decode one ZeroMQ message. None: not an SGLang IPC message (another protocol on a
-    /// traced socket); an error: it was one, and did not decode.
+    /// traced socket); an error: it was one, and did not decode. A scheduler's output batch
+    /// keeps the bytes of its leading fields.
     pub fn decode(&self, frames: &[Vec<u8>]) -> Option<Result<SglangMessage, SglangError>> {
         let first = frames.first()?;
-        if is_pickled(frames) {
-            return Some(self.pickled(first, &frames[1..]));
-        }
-        if first.is_empty() {
+        let mut decoded = if is_pickled(frames) {
+            self.pickled(first, &frames[1..])
+        } else if first.is_empty() {
             return None;
+        } else {
+            let fields = self.msgpack_fields(first)?;
+            fields.and_then(|(class, fields)| typed(&class, &fields, self.table))
+        };
+        if let Ok(SglangMessage::Outputs(o)) = &mut decoded
+            && o.stage == OutputStage::TokenIds
+        {
+            o.leading = self
+                .output_head(frames)
+                .map(|(_, leading)| leading.to_vec());
         }
-        let fields = self.msgpack_fields(first)?;
-        Some(fields.and_then(|(class, fields)| typed(&class, &fields, self.table)))
+        Some(decoded)
+    }
+
+    /// An output batch's stage and the bytes of its [`LEADING_FIELDS`], read without decoding
+    /// the message; None for any other message, or a layout this does not read.
+    pub fn output_head<'f>(&self, frames: &'f [Vec<u8>]) -> Option<(OutputStage, &'f [u8])> {
+        let first = frames.first()?;
+        let stage = |class: &str| match class {
+            "BatchTokenIDOutput" => Some(OutputStage::TokenIds),
+            "BatchStrOutput" => Some(OutputStage::Strings),
+            _ => None,
+        };
+        // The class's fields in order (the pickle's keys, msgpack's positions), which must
+        // begin with the leading ones.
+        let fields = |class: &str| {
+            let fields = self.table.fields(class)?;
+            (fields.get(..LEADING_FIELDS.len())? == LEADING_FIELDS).then_some(fields)
+        };
+        if is_pickled(frames) {
+            let mut head = pickle_head::struct_head(first)?;
+            let stage = stage(head.class).filter(|_| head.module == IO_STRUCT_MODULE)?;
+            let next = fields(head.class)?.get(LEADING_FIELDS.len())?;
+            // The last value ends where the next field's key is found.
+            let walked = LEADING_FIELDS.iter().all(|name| head.field(name)) && head.at_field(next);
+            return walked.then(|| (stage, head.walked()));
+        }
+        // msgpack: `[class, fields...]`, the fields by position.
+        let mut rest = first.as_slice();
+        rmp::decode::read_array_len(&mut rest).ok()?;
+        let (class, mut rest) = rmp::decode::read_str_from_slice(rest).ok()?;
+        let stage = stage(class)?;
+        fields(class)?;
+        let start = rest;
+        for _ in LEADING_FIELDS {
+            msgpack::read_value(&mut rest, MAX_DEPTH).ok()?;
+        }
+        Some((stage, &start[..start.len() - rest.len()]))
     }
 
     /// A pickled io_struct instance, read in place.
@@ -661,11 +712,7 @@ fn outputs<'v>(f: impl PyRead<'v>, stage: OutputStage) -> Result<SglangOutputs, 
             .map(|i| values.get(i).and_then(|&v| u64::try_from(v).ok()))
             .collect()
     };
-    let (finished, output_ids, times) = (
-        column("finished_reasons"),
-        column("output_ids"),
-        column("time_stats"),
-    );
+    let (finished, times) = (column("finished_reasons"), column("time_stats"));
     let (prompt, completion, cached, retractions) = (
         ints("prompt_tokens"),
         ints("completion_tokens"),
@@ -678,9 +725,6 @@ fn outputs<'v>(f: impl PyRead<'v>, stage: OutputStage) -> Result<SglangOutputs, 
         items.push(RidOutput {
             rid: rid.to_owned(),
             finish: finished(i).and_then(finish),
-            new_tokens: output_ids(i)
-                .and_then(PyRead::int_count)
-                .map_or(0, |n| n as u64),
             prompt_tokens: prompt[i],
             completion_tokens: completion[i],
             cached_tokens: cached[i],
@@ -688,7 +732,11 @@ fn outputs<'v>(f: impl PyRead<'v>, stage: OutputStage) -> Result<SglangOutputs, 
             times: times(i).and_then(scheduler_times),
         });
     }
-    Ok(SglangOutputs { stage, items })
+    Ok(SglangOutputs {
+        stage,
+        items,
+        leading: None,
+    })
 }
 
 /// A `SchedulerReqTimeStats` with its state (empty without `--enable-metrics`: None).
@@ -830,12 +878,8 @@ mod tests {
         let [a, b] = out.items.as_slice() else {
             panic!("{:?}", out.items);
         };
-        assert_eq!(
-            (a.rid.as_str(), a.new_tokens, a.finish.is_none()),
-            ("a", 1, true)
-        );
+        assert_eq!((a.rid.as_str(), a.finish.is_none()), ("a", true));
         assert_eq!(b.finish.as_ref().unwrap().kind, "length");
-        assert_eq!(b.new_tokens, 2);
         assert_eq!(
             (
                 b.prompt_tokens,
@@ -846,6 +890,46 @@ mod tests {
             (Some(20), Some(3), Some(8), None)
         );
         assert!(b.times.is_none());
+    }
+
+    #[test]
+    fn an_output_batchs_leading_fields_are_read_without_decoding_it() {
+        let decoder = SglangDecoder::default();
+        let leading = [
+            Value::Array(vec![s("a"), s("b")]),
+            Value::Nil,
+            Value::Array(vec![Value::Nil, Value::Map(vec![(s("type"), s("stop"))])]),
+        ];
+        let message = |class: &str, leading: &[Value]| {
+            let mut values = vec![s(class)];
+            values.extend(leading.iter().cloned());
+            values.resize(1 + FIELDS_0_5.fields(class).unwrap().len(), Value::Nil);
+            enc(&Value::Array(values))
+        };
+        let want: Vec<u8> = leading.iter().flat_map(enc).collect();
+        let frames = [message("BatchTokenIDOutput", &leading)];
+        assert_eq!(
+            decoder.output_head(&frames),
+            Some((OutputStage::TokenIds, want.as_slice()))
+        );
+        let Some(Ok(SglangMessage::Outputs(sent))) = decoder.decode(&frames) else {
+            panic!("not decoded");
+        };
+        assert_eq!(sent.leading, Some(want.clone()), "a send keeps them");
+        let frames = [message("BatchStrOutput", &leading)];
+        assert_eq!(
+            decoder.output_head(&frames),
+            Some((OutputStage::Strings, want.as_slice()))
+        );
+        let Some(Ok(SglangMessage::Outputs(received))) = decoder.decode(&frames) else {
+            panic!("not decoded");
+        };
+        assert_eq!(received.leading, None, "a receipt does not");
+        // Other classes, and batches cut short, have none.
+        assert_eq!(decoder.output_head(&[message("AbortReq", &[])]), None);
+        let mut short = message("BatchStrOutput", &leading);
+        short.truncate(short.len() - FIELDS_0_5.fields("BatchStrOutput").unwrap().len() + 2);
+        assert_eq!(decoder.output_head(&[short]), None);
     }
 
     #[test]
