@@ -10,12 +10,15 @@
 //! ```
 //!
 //! (each string and container followed by MEMOIZE). Where a reader needs only the first few
-//! fields, and only to compare them (SGLang's output batches: `engines/sglang/receipts.rs`),
-//! running the whole pickle ([`super::pickle`]) builds every column to read none of them. This
-//! walks the opening opcodes and then one field at a time, as long as each value has a shape it
-//! knows: None, booleans, ints, floats, short and long strings, memo references, and lists and
-//! dicts of those. Anything else ends the walk (None), and the caller decodes the pickle in
-//! full; nothing here is ever built or run.
+//! fields, and only to compare them (SGLang's output batches:
+//! `engines/sglang/output_receipts.rs`), running the whole pickle ([`super::pickle`]) builds
+//! every column to read none of them. This walks the opening opcodes and then one field at a
+//! time, as long as each value has a shape it knows: None, booleans, ints, floats, short and
+//! long strings, memo references, and lists and dicts of those. A value of any other shape
+//! fails the walk, or, as the lone item of a list or dict (where it cannot be told from what
+//! follows an empty one), ends its container before it, which the check for the next field's
+//! key then finds ([`StructHead::at_field`]); the caller decodes such a pickle in full.
+//! Nothing here is ever built or run.
 
 /// Nesting of lists and dicts a walked value may have.
 const MAX_NESTING: usize = 4;
