@@ -907,24 +907,25 @@ mod tests {
             enc(&Value::Array(values))
         };
         let want: Vec<u8> = leading.iter().flat_map(enc).collect();
-        let frames = [message("BatchTokenIDOutput", &leading)];
-        assert_eq!(
-            decoder.output_head(&frames),
-            Some((OutputStage::TokenIds, want.as_slice()))
-        );
-        let Some(Ok(SglangMessage::Outputs(sent))) = decoder.decode(&frames) else {
-            panic!("not decoded");
-        };
-        assert_eq!(sent.leading, Some(want.clone()), "a send keeps them");
-        let frames = [message("BatchStrOutput", &leading)];
-        assert_eq!(
-            decoder.output_head(&frames),
-            Some((OutputStage::Strings, want.as_slice()))
-        );
-        let Some(Ok(SglangMessage::Outputs(received))) = decoder.decode(&frames) else {
-            panic!("not decoded");
-        };
-        assert_eq!(received.leading, None, "a receipt does not");
+        for (class, stage, kept) in [
+            (
+                "BatchTokenIDOutput",
+                OutputStage::TokenIds,
+                Some(want.clone()),
+            ),
+            ("BatchStrOutput", OutputStage::Strings, None),
+        ] {
+            let frames = [message(class, &leading)];
+            assert_eq!(
+                decoder.output_head(&frames),
+                Some((stage, want.as_slice())),
+                "{class}"
+            );
+            let Some(Ok(SglangMessage::Outputs(o))) = decoder.decode(&frames) else {
+                panic!("{class}: not decoded");
+            };
+            assert_eq!(o.leading, kept, "{class}: only a send keeps them");
+        }
         // Other classes, and batches cut short, have none.
         assert_eq!(decoder.output_head(&[message("AbortReq", &[])]), None);
         let mut short = message("BatchStrOutput", &leading);
