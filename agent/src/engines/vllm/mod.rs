@@ -135,7 +135,10 @@ impl VllmInstance {
                     self.metrics.step(out.registry, &step);
                 }
                 VllmEvent::Request(mut trace) => {
-                    annotate(&self.core.work, &mut trace);
+                    // Only the per-iteration events carry the figures.
+                    if self.core.spans.granularity >= 2 {
+                        annotate(&self.core.work, &mut trace);
+                    }
                     self.metrics.request(out.registry, &trace, &self.core.clock);
                     traces.push(trace);
                 }
