@@ -72,23 +72,23 @@ const LISTENING_TTL: Duration = Duration::from_secs(1);
 pub struct SocketLookup {
     /// Listening ports per process, and when they were read.
     listening: HashMap<u32, (Vec<u16>, Instant)>,
+    /// An open pidfd per process whose fds were looked at (at most [`MAX_PIDFDS`]).
+    pidfds: HashMap<u32, OwnedFd>,
 }
+
+/// Pidfds kept open at once (each is an fd of the agent's).
+const MAX_PIDFDS: usize = 256;
 
 impl SocketLookup {
     /// Classify fd `fd` of process `pid`; None when the fd or the process is gone. An eventfd
     /// comes back unwatched: whether its process is an API server is the caller's question.
     pub fn classify(&mut self, pid: u32, fd: u32) -> Option<FdKind> {
-        let target = fs::read_link(proc_path(pid, &format!("fd/{fd}"))).ok()?;
-        let target = target.to_string_lossy();
-        if target == EVENTFD_LINK {
-            return Some(FdKind::Eventfd { watched: false });
-        }
-        let Some(inode) = socket_inode(&target) else {
-            return Some(FdKind::Other {
-                what: target.into_owned(),
-            });
-        };
-        match inspect_duplicate(pid, fd) {
+        // Most new fds of an engine are its accepted connections: a socket is looked at
+        // through its duplicate first, and only what is not one by its /proc link.
+        let inspected = self
+            .duplicate(pid, fd)
+            .and_then(|duplicate| inspect_duplicate(&duplicate));
+        match inspected {
             Ok(Inspected::Tcp {
                 local,
                 peer,
@@ -101,10 +101,46 @@ impl SocketLookup {
             }),
             Ok(Inspected::Unix { path }) => Some(FdKind::Unix { path }),
             Ok(Inspected::Other(what)) => Some(FdKind::Other { what }),
-            // The fd was closed (or reused) since the kernel reported it.
-            Err(e) if e.raw_os_error() == Some(libc::EBADF) => Some(FdKind::Vanished),
-            Err(_) => Some(classify_from_tables(pid, inode)),
+            // Closed (or the process gone) since the kernel reported it.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF | libc::ESRCH)) => None,
+            Err(e) => {
+                let target = fs::read_link(proc_path(pid, &format!("fd/{fd}"))).ok()?;
+                let target = target.to_string_lossy();
+                if target == EVENTFD_LINK {
+                    return Some(FdKind::Eventfd { watched: false });
+                }
+                match socket_inode(&target) {
+                    // A socket that could not be duplicated: the /proc/net way.
+                    Some(inode) if e.raw_os_error() != Some(libc::ENOTSOCK) => {
+                        Some(classify_from_tables(pid, inode))
+                    }
+                    _ => Some(FdKind::Other {
+                        what: target.into_owned(),
+                    }),
+                }
+            }
         }
+    }
+
+    /// A duplicate of process `pid`'s fd `fd`, through the process's pidfd (kept: opening
+    /// one per connection was two more syscalls each).
+    fn duplicate(&mut self, pid: u32, fd: u32) -> io::Result<OwnedFd> {
+        if let Some(pidfd) = self.pidfds.get(&pid) {
+            match duplicate_fd(pidfd, fd) {
+                // The pid's process exited: its number may now be another's.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                    self.pidfds.remove(&pid);
+                }
+                result => return result,
+            }
+        }
+        if self.pidfds.len() >= MAX_PIDFDS {
+            self.pidfds.clear();
+        }
+        let pidfd = pidfd_open(pid)?;
+        let duplicate = duplicate_fd(&pidfd, fd);
+        self.pidfds.insert(pid, pidfd);
+        duplicate
     }
 
     /// Whether process `pid` listens on TCP port `port`. Reading a process's listening ports
@@ -126,6 +162,7 @@ impl SocketLookup {
     /// The process exited: drop what is known of it.
     pub fn forget(&mut self, pid: u32) {
         self.listening.remove(&pid);
+        self.pidfds.remove(&pid);
     }
 }
 
@@ -143,11 +180,10 @@ enum Inspected {
     Other(String),
 }
 
-/// Look at socket `fd` of process `pid` through a duplicate, closed on return. Reading its
+/// Look at a socket through a duplicate of it (ENOTSOCK when it is none). Reading its
 /// addresses and options has no effect on the socket.
-fn inspect_duplicate(pid: u32, fd: u32) -> io::Result<Inspected> {
-    let duplicate = duplicate_fd(pid, fd)?;
-    let socket = SockRef::from(&duplicate);
+fn inspect_duplicate(duplicate: &OwnedFd) -> io::Result<Inspected> {
+    let socket = SockRef::from(duplicate);
     let domain = socket.domain()?;
     let stream = socket.r#type()? == Type::STREAM;
     if domain == Domain::UNIX && stream {
@@ -184,10 +220,9 @@ fn inspect_duplicate(pid: u32, fd: u32) -> io::Result<Inspected> {
     )))
 }
 
-/// A duplicate of process `pid`'s fd `fd` in this process (`pidfd_getfd`).
-fn duplicate_fd(pid: u32, fd: u32) -> io::Result<OwnedFd> {
+/// A duplicate of fd `fd` of the process behind `pidfd`, in this process (`pidfd_getfd`).
+fn duplicate_fd(pidfd: &OwnedFd, fd: u32) -> io::Result<OwnedFd> {
     let fd = libc::c_int::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-    let pidfd = pidfd_open(pid)?;
     // SAFETY: pidfd_getfd takes a pidfd, a target fd and flags; it returns a new fd or -1.
     let duplicate = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if duplicate < 0 {
@@ -402,6 +437,11 @@ mod tests {
         assert_eq!(unix_stream_path(table, 1), None);
     }
 
+    /// What a fresh duplicate of `pid`'s fd `fd` shows.
+    fn inspect(pid: u32, fd: u32) -> io::Result<Inspected> {
+        inspect_duplicate(&duplicate_fd(&pidfd_open(pid)?, fd)?)
+    }
+
     #[test]
     fn a_duplicate_shows_tcp_ends_listeners_and_unix_paths() {
         use std::os::{fd::AsRawFd as _, unix::net::UnixListener};
@@ -412,11 +452,11 @@ mod tests {
         let (accepted, _) = listener.accept().unwrap();
         let fd = |f: &dyn std::os::fd::AsRawFd| f.as_raw_fd() as u32;
         assert!(matches!(
-            inspect_duplicate(pid, fd(&listener)).unwrap(),
+            inspect(pid, fd(&listener)).unwrap(),
             Inspected::Tcp { listening: true, local, .. } if local.port() == port
         ));
         assert_eq!(
-            inspect_duplicate(pid, fd(&accepted)).unwrap(),
+            inspect(pid, fd(&accepted)).unwrap(),
             Inspected::Tcp {
                 local: accepted.local_addr().unwrap(),
                 peer: client.local_addr().unwrap(),
@@ -446,23 +486,73 @@ mod tests {
         let (served, _) = unix.accept().unwrap();
         let path = Some(dir.to_string_lossy().into_owned());
         assert_eq!(
-            inspect_duplicate(pid, served.as_raw_fd() as u32).unwrap(),
+            inspect(pid, served.as_raw_fd() as u32).unwrap(),
             Inspected::Unix { path }
         );
         assert_eq!(
-            inspect_duplicate(pid, connected.as_raw_fd() as u32).unwrap(),
+            inspect(pid, connected.as_raw_fd() as u32).unwrap(),
             Inspected::Unix { path: None }
         );
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         assert!(matches!(
-            inspect_duplicate(pid, fd(&udp)).unwrap(),
+            inspect(pid, fd(&udp)).unwrap(),
             Inspected::Other(_)
         ));
         assert_eq!(
-            inspect_duplicate(pid, 1 << 20).unwrap_err().raw_os_error(),
+            inspect(pid, 1 << 20).unwrap_err().raw_os_error(),
             Some(libc::EBADF)
         );
         let _ = fs::remove_file(&dir);
+    }
+
+    #[test]
+    fn what_is_not_a_socket_is_told_by_its_link_and_a_closed_fd_by_none() {
+        use std::os::fd::{AsRawFd as _, IntoRawFd as _};
+        let pid = std::process::id();
+        let mut lookup = SocketLookup::default();
+        // SAFETY: eventfd takes an initial value and flags; it returns a new fd or -1.
+        let eventfd = unsafe { libc::eventfd(0, 0) };
+        assert!(eventfd >= 0);
+        // SAFETY: a fresh fd owned by nobody else.
+        let eventfd = unsafe { OwnedFd::from_raw_fd(eventfd) };
+        assert_eq!(
+            lookup.classify(pid, eventfd.as_raw_fd() as u32),
+            Some(FdKind::Eventfd { watched: false })
+        );
+        let file = fs::File::open("/proc/self/stat").unwrap();
+        assert!(matches!(
+            lookup.classify(pid, file.as_raw_fd() as u32),
+            Some(FdKind::Other { what }) if what.starts_with("/proc/")
+        ));
+        let closed = fs::File::open("/proc/self/stat").unwrap().into_raw_fd();
+        // SAFETY: closing an fd this test opened and owns.
+        unsafe { libc::close(closed) };
+        assert_eq!(lookup.classify(pid, closed as u32), None);
+    }
+
+    #[test]
+    fn a_kept_pidfd_of_an_exited_process_is_replaced() {
+        let pid = std::process::id();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let stale = pidfd_open(child.id()).unwrap();
+        child.wait().unwrap();
+        // As if this process's number had belonged to the exited one.
+        let mut lookup = SocketLookup::default();
+        lookup.pidfds.insert(pid, stale);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        use std::os::fd::AsRawFd as _;
+        assert!(matches!(
+            lookup.classify(pid, accepted.as_raw_fd() as u32),
+            Some(FdKind::Tcp {
+                server_side: true,
+                ..
+            })
+        ));
+        lookup.forget(pid);
+        assert!(lookup.pidfds.is_empty());
     }
 
     #[test]
