@@ -43,6 +43,9 @@ pub mod kind {
     /// Writes of streamed content that the kernel matched against their response's
     /// [`SseTemplate`] and did not copy: their times and sizes ([`SseBatchRecord`]).
     pub const SSE_BATCH: u32 = 16;
+    /// A tracked process mapped part of a file executable: a library being loaded (header
+    /// only). The agent looks for the libraries it probes then.
+    pub const LIBRARY_MAPPED: u32 = 17;
 }
 
 /// The probed CUDA driver entry points (every `_v2`/`_ptsz` variant maps to its base), as

@@ -16,7 +16,7 @@ use aya_ebpf::{
     cty::c_void,
     helpers::{
         bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+        generated::bpf_loop,
     },
     macros::{map, tracepoint},
     maps::PerCpuArray,
@@ -30,7 +30,7 @@ use infertrace_common::{
 use crate::{
     shared::{
         FD_CLASS, FD_DECISION, config, count, header, submit, submit_now, submit_with,
-        tracked_tgid, wakeup_flags,
+        syscall_arg, tracked_tgid, wakeup_flags,
     },
     sse,
 };
@@ -99,27 +99,6 @@ struct MsghdrPrefix {
     iovlen: u64,
 }
 
-/// Where x86-64's `struct pt_regs` (its uapi layout) keeps a syscall's first three arguments,
-/// in 8-byte words: `di`, `si`, `dx`. They are intact at the exit (the return value goes to
-/// `ax`); the verifier checks each load against the running kernel's `pt_regs` BTF.
-const ARG_REGISTERS: [usize; 3] = [14, 13, 12];
-
-/// The current syscall's first three arguments, from the registers it entered with: plain
-/// loads from the task's `pt_regs` (a BTF pointer: the kernel makes them fault-safe).
-#[inline(always)]
-fn syscall_args() -> (u64, u64, u64) {
-    // SAFETY: helpers without preconditions; the task is the current one, and the verifier
-    // checks every load through the BTF pointer they return.
-    unsafe {
-        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
-        (
-            *regs.add(ARG_REGISTERS[0]),
-            *regs.add(ARG_REGISTERS[1]),
-            *regs.add(ARG_REGISTERS[2]),
-        )
-    }
-}
-
 fn on_exit(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) -> u32 {
     let Some((tgid, tid)) = tracked_tgid() else {
         return 0;
@@ -129,7 +108,7 @@ fn on_exit(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) -
     if ret <= 0 {
         return 0;
     }
-    let (fd, ptr, len) = syscall_args();
+    let (fd, ptr, len) = (syscall_arg(0), syscall_arg(1), syscall_arg(2));
     if fd > i32::MAX as u64 {
         return 0;
     }

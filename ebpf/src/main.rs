@@ -1,8 +1,8 @@
-//! infertrace's kernel side: follow the traced engines' process tree and copy the payloads of
-//! their socket syscalls into a ring buffer, with the epoll waits of their main threads, and
-//! count their CUDA driver calls per step (uprobes), time their hand-overs of messages to libzmq
-//! and the start of SGLang's serialization of each request (uprobes), and sample their Python
-//! stacks (perf event).
+//! infertrace's kernel side: follow the traced engines' process tree and library loads, copy
+//! the payloads of their socket syscalls into a ring buffer, with the epoll waits of their
+//! main threads, count their CUDA driver calls per step (uprobes), time their hand-overs of
+//! messages to libzmq and the start of SGLang's serialization of each request (uprobes), and
+//! sample their Python stacks (perf event).
 //!
 //! Only tracepoints and uprobes are used (this kernel has no kprobes and no fentry, see DESIGN.md). Every
 //! program first checks that the current process is tracked, so untraced processes pay one
@@ -16,6 +16,7 @@
 mod cuda;
 mod io;
 mod mailbox;
+mod mmap;
 mod pickle;
 mod poll;
 mod proc;

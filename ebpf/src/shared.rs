@@ -1,7 +1,10 @@
 //! Maps and helpers shared by the process-tree and the I/O programs.
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
+    },
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
@@ -133,5 +136,23 @@ pub fn header(kind: u32, tgid: u32) -> RecordHeader {
         _pad: 0,
         // SAFETY: helper without preconditions.
         ts_ns: unsafe { bpf_ktime_get_ns() },
+    }
+}
+
+/// Where x86-64's `struct pt_regs` (its uapi layout) keeps a syscall's arguments, in 8-byte
+/// words: `di`, `si`, `dx`, `r10`, `r8`, `r9`. They are intact at the exit (the return value
+/// goes to `ax`); the verifier checks each load against the running kernel's `pt_regs` BTF.
+const ARG_REGISTERS: [usize; 6] = [14, 13, 12, 7, 9, 8];
+
+/// The current syscall's argument `n` (0-based, below 6), from the registers it entered
+/// with: a plain load from the task's `pt_regs` (a BTF pointer: the kernel makes it
+/// fault-safe). An exit program thus needs no enter program keeping them per thread.
+#[inline(always)]
+pub fn syscall_arg(n: usize) -> u64 {
+    // SAFETY: helpers without preconditions; the task is the current one, and the verifier
+    // checks the load through the BTF pointer they return.
+    unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
+        *regs.add(ARG_REGISTERS[n])
     }
 }

@@ -53,6 +53,7 @@ pub const TRACEPOINTS: &[(&str, &str)] = &[
     ("sched", "sched_process_exec"),
     ("sched", "sched_process_exit"),
     ("syscalls", "sys_enter_close"),
+    ("syscalls", "sys_exit_mmap"),
     ("syscalls", "sys_exit_read"),
     ("syscalls", "sys_exit_write"),
     ("syscalls", "sys_exit_readv"),

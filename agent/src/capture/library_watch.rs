@@ -3,8 +3,12 @@
 //!
 //! Engines load libraries late (vLLM's EngineCore and workers load the CUDA driver when torch
 //! first touches the GPU, seconds after they started; a process spawned after attach imports
-//! pyzmq when it gets to it), so a traced process without the library is looked at again, with
-//! a growing interval, until it has it. Each library file is read once: its probe sites, and
+//! pyzmq when it gets to it). A traced process without the library is looked at when it
+//! starts being watched, and again when the kernel reports that it mapped a file executable
+//! (`ebpf/src/mmap.rs`: a library being loaded), at most every [`LOADING_LOOK`] while it loads
+//! many; otherwise only every [`FALLBACK_LOOK`], in case a report was lost. Reading a torch
+//! process's maps costs milliseconds: re-reading them on a timer was a tenth of the agent's
+//! CPU in the first minute after attach. Each library file is read once: its probe sites, and
 //! what a uprobe on each costs, are kept per file.
 use std::{
     collections::HashMap,
@@ -19,9 +23,10 @@ use crate::discover::{
     uprobe_sites::{ProbeSite, SiteCost},
 };
 
-/// First and longest wait before looking at a process's maps again.
-const FIRST_LOOK: Duration = Duration::from_millis(250);
-const LONGEST_LOOK: Duration = Duration::from_secs(64);
+/// Shortest wait between two looks at a process that is loading libraries.
+const LOADING_LOOK: Duration = Duration::from_millis(250);
+/// Wait before looking at a process again when it reported no library load.
+const FALLBACK_LOOK: Duration = Duration::from_secs(64);
 
 /// One library the agent probes: how to find it, its sites, and which of them to attach.
 pub trait Probed {
@@ -69,11 +74,51 @@ pub trait Probed {
 /// A traced process whose library is not probed yet.
 struct Waiting {
     next_look: Instant,
-    interval: Duration,
+    last_look: Option<Instant>,
+    /// The kernel reported a library load since the last look.
+    loaded: bool,
     /// The process's address-space size at the last look. Loading a library maps it, which
-    /// changes the size: while the size stays the same the maps need not be read again
-    /// (reading them formats every mapping's path, milliseconds for a torch process).
+    /// changes the size: a fallback look reads the maps only when the size changed (reading
+    /// them formats every mapping's path).
     size_at_last_look: Option<u64>,
+}
+
+impl Waiting {
+    /// Watched from `now`: due at once.
+    fn new(now: Instant) -> Self {
+        Self {
+            next_look: now,
+            last_look: None,
+            loaded: false,
+            size_at_last_look: None,
+        }
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.next_look <= now
+    }
+
+    /// The kernel reported a library load: look soon, but not sooner than [`LOADING_LOOK`]
+    /// after the last look (a process loading many libraries reports each).
+    fn library_loaded(&mut self, now: Instant) {
+        self.loaded = true;
+        let soonest = self.last_look.map_or(now, |at| at + LOADING_LOOK);
+        self.next_look = self.next_look.min(soonest);
+    }
+
+    /// Whether a look must read the maps, given the address-space size now: after a reported
+    /// load always, on a fallback look only when the size changed.
+    fn must_read_maps(&self, size: Option<u64>) -> bool {
+        self.loaded || size.is_none() || size != self.size_at_last_look
+    }
+
+    /// A look that did not find the library.
+    fn not_found(&mut self, now: Instant, size: Option<u64>) {
+        self.size_at_last_look = size;
+        self.last_look = Some(now);
+        self.loaded = false;
+        self.next_look = now + FALLBACK_LOOK;
+    }
 }
 
 pub struct LibraryWatch<L> {
@@ -103,14 +148,14 @@ impl<L: Probed> LibraryWatch<L> {
     /// A traced process (new, or one that replaced its program): look for its library.
     pub fn watch(&mut self, pid: u32) {
         if !self.library.off() {
-            self.waiting.insert(
-                pid,
-                Waiting {
-                    next_look: Instant::now(),
-                    interval: FIRST_LOOK,
-                    size_at_last_look: None,
-                },
-            );
+            self.waiting.insert(pid, Waiting::new(Instant::now()));
+        }
+    }
+
+    /// Process `pid` mapped a file executable: look at it soon, if it is still waiting.
+    pub fn loaded(&mut self, pid: u32) {
+        if let Some(waiting) = self.waiting.get_mut(&pid) {
+            waiting.library_loaded(Instant::now());
         }
     }
 
@@ -126,7 +171,7 @@ impl<L: Probed> LibraryWatch<L> {
         let due: Vec<u32> = self
             .waiting
             .iter()
-            .filter(|(_, w)| w.next_look <= now)
+            .filter(|(_, w)| w.due(now))
             .map(|(&pid, _)| pid)
             .collect();
         for pid in due {
@@ -138,12 +183,13 @@ impl<L: Probed> LibraryWatch<L> {
                 continue;
             };
             let size = procfs::address_space_size(pid);
-            let unchanged = size.is_some() && size == waiting.size_at_last_look;
-            let found = if unchanged { None } else { L::find(pid) };
+            let found = if waiting.must_read_maps(size) {
+                L::find(pid)
+            } else {
+                None
+            };
             let Some(path) = found else {
-                waiting.size_at_last_look = size;
-                waiting.next_look = now + waiting.interval;
-                waiting.interval = (waiting.interval * 2).min(LONGEST_LOOK);
+                waiting.not_found(now, size);
                 continue;
             };
             self.waiting.remove(&pid);
@@ -217,5 +263,40 @@ fn report_costs(what: &str, path: &Path, sites: &[ProbeSite], skipping: bool, re
             sites.len(),
             expensive.join(", ")
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_looked_at_when_watched_then_after_each_reported_load_or_the_fallback() {
+        let start = Instant::now();
+        let mut w = Waiting::new(start);
+        assert!(w.due(start));
+        assert!(w.must_read_maps(Some(100)));
+        w.not_found(start, Some(100));
+        // Nothing reported: not before the fallback, and then only if the size changed.
+        assert!(!w.due(start + FALLBACK_LOOK - Duration::from_millis(1)));
+        assert!(w.due(start + FALLBACK_LOOK));
+        assert!(!w.must_read_maps(Some(100)));
+        assert!(w.must_read_maps(Some(200)));
+        assert!(w.must_read_maps(None));
+        // A load reported right after a look waits out LOADING_LOOK; more loads do not hurry
+        // it; the look then reads the maps even if the size is back where it was.
+        let reported = start + Duration::from_millis(10);
+        w.library_loaded(reported);
+        w.library_loaded(reported + Duration::from_millis(5));
+        assert!(!w.due(start + LOADING_LOOK - Duration::from_millis(1)));
+        assert!(w.due(start + LOADING_LOOK));
+        assert!(w.must_read_maps(Some(100)));
+        let second = start + LOADING_LOOK;
+        w.not_found(second, Some(100));
+        assert!(!w.must_read_maps(Some(100)));
+        // A load reported long after the last look is looked at at once.
+        let later = second + Duration::from_secs(5);
+        w.library_loaded(later);
+        assert!(w.due(later));
     }
 }

@@ -245,6 +245,11 @@ impl LiveCapture {
                 self.sockets.forget(header.tgid);
                 self.kernel.forget_process(header.tgid);
             }
+            Record::LibraryMapped { header } => {
+                self.cuda.loaded(header.tgid);
+                self.zmq.loaded(header.tgid);
+                self.pickle.loaded(header.tgid);
+            }
             // Node mode's business (is it an engine starting?), not the capture's.
             Record::Spawn { .. }
             | Record::Close { .. }

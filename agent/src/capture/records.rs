@@ -67,6 +67,10 @@ pub enum Record {
     PickleDumps {
         header: RecordHeader,
     },
+    /// The process mapped part of a file executable (a library being loaded).
+    LibraryMapped {
+        header: RecordHeader,
+    },
     /// Writes of fd `fd` that matched its streamed response's template, by time and size.
     SseBatch {
         header: RecordHeader,
@@ -86,6 +90,7 @@ impl Record {
             | Record::Close { header, .. }
             | Record::Poll { header, .. }
             | Record::PickleDumps { header }
+            | Record::LibraryMapped { header }
             | Record::SseBatch { header, .. } => header,
             Record::Io { io, .. } => &io.header,
             Record::CudaStep(r) => &r.header,
@@ -180,6 +185,7 @@ pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
         kind::ZMQ_SEND => Ok(Record::ZmqSend(read(bytes)?)),
         kind::MAILBOX_POLL => Ok(Record::MailboxPoll(read(bytes)?)),
         kind::PICKLE_DUMPS => Ok(Record::PickleDumps { header }),
+        kind::LIBRARY_MAPPED => Ok(Record::LibraryMapped { header }),
         kind::SSE_BATCH => parse_sse_batch(header, bytes),
         other => Err(RecordError::UnknownKind(other)),
     }
@@ -306,7 +312,7 @@ pub fn encode(record: &Record) -> Vec<u8> {
         Record::PySample(r) => bytes_of(r),
         Record::ZmqSend(r) => bytes_of(r),
         Record::MailboxPoll(r) => bytes_of(r),
-        Record::PickleDumps { header } => bytes_of(header),
+        Record::PickleDumps { header } | Record::LibraryMapped { header } => bytes_of(header),
         Record::SseBatch { header, fd, writes } => {
             let mut out = bytes_of(header);
             out.extend_from_slice(&fd.to_ne_bytes());
@@ -476,6 +482,12 @@ mod tests {
             Record::PickleDumps {
                 header: RecordHeader {
                     kind: kind::PICKLE_DUMPS,
+                    ..header
+                },
+            },
+            Record::LibraryMapped {
+                header: RecordHeader {
+                    kind: kind::LIBRARY_MAPPED,
                     ..header
                 },
             },
