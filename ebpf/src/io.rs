@@ -29,8 +29,8 @@ use infertrace_common::{
 
 use crate::{
     shared::{
-        FD_CLASS, FD_DECISION, config, count, header, submit, submit_now, submit_with,
-        syscall_arg, tracked_tgid, wakeup_flags,
+        FD_CLASS, FD_DECISION, config, count, header, submit, submit_now, submit_with, syscall_arg,
+        tracked_tgid, wakeup_flags,
     },
     sse,
 };

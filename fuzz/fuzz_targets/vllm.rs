@@ -1,8 +1,8 @@
 //! Fuzzes the vLLM msgpack decoder: any frames, as an input (frontend -> engine) message and as
 //! an output (engine -> frontend) message, with each schema table to start from and with one
 //! decoder that keeps switching tables, must neither panic nor break its invariants. Each
-//! frame is also read by the agent's msgpack reader and by rmpv's: the same value or both an
-//! error.
+//! frame is also read by the agent's msgpack reader, by rmpv's and in place (`Lazy`, what the
+//! decoder uses): the same value or all an error.
 //!
 //! Input layout: a mode byte, then frames as `[length byte][bytes]` (length 0xFF: the rest of
 //! the input is the last frame). Mode bit 0 set: a request type frame `[(mode >> 1) % 8]` goes
@@ -66,6 +66,10 @@ fuzz_target!(|data: &[u8]| {
             .ok()
             .map(|v| (format!("{v:?}"), theirs.len()));
         assert_eq!(ours, theirs, "the msgpack readers disagree");
+        let mut rest = &frame[..];
+        let lazy = msgpack::Lazy::read(&mut rest, 64).ok();
+        let in_place = lazy.map(|v| (format!("{:?}", v.to_value()), rest.len()));
+        assert_eq!(in_place, ours, "reading in place disagrees with the value tree");
     }
     let mut input = frames.clone();
     if mode & 1 == 1 {

@@ -1,4 +1,5 @@
-//! Reading one msgpack value (vLLM's messages, SGLang's in msgpack mode) into an `rmpv::Value`.
+//! Reading one msgpack value (vLLM's messages, SGLang's in msgpack mode): into an
+//! `rmpv::Value`, or in place ([`Lazy`]).
 //!
 //! rmpv's own reader grows each array and map one element at a time (it never trusts a
 //! length, rmpv issue 151): on vLLM's per-step messages, arrays of token ids and outputs, that
@@ -96,6 +97,266 @@ pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackEr
         // The marker msgpack never uses: nil, as rmpv reads it.
         Marker::Reserved => Value::Nil,
     })
+}
+
+/// A msgpack value read in place: checked whole once ([`Lazy::read`]), then its parts are
+/// looked at where they lie, with nothing built or copied. vLLM's per-step messages were read
+/// into a value tree (a vector per array, a string per id) only to pick fields out of it:
+/// building and dropping the tree was most of their decoding.
+#[derive(Clone, Copy, Debug)]
+pub struct Lazy<'a> {
+    /// Starts at the value's marker; the value may end before the slice does.
+    bytes: &'a [u8],
+}
+
+impl<'a> Lazy<'a> {
+    /// The value at the start of `rest`, accepted exactly when [`read_value`] accepts it (the
+    /// same depth count); `rest` moves past it.
+    pub fn read(rest: &mut &'a [u8], max_depth: usize) -> Result<Self, MsgpackError> {
+        let bytes = *rest;
+        skip(rest, max_depth)?;
+        Ok(Lazy { bytes })
+    }
+
+    fn marker(self) -> Marker {
+        Marker::from_u8(self.bytes.first().copied().unwrap_or(0xc1))
+    }
+
+    /// The marker's payload: what follows it.
+    fn after_marker(self) -> &'a [u8] {
+        self.bytes.get(1..).unwrap_or_default()
+    }
+
+    /// Nil (or the marker msgpack never uses, which [`read_value`] reads as nil).
+    pub fn is_nil(self) -> bool {
+        matches!(self.marker(), Marker::Null | Marker::Reserved)
+    }
+
+    pub fn as_bool(self) -> Option<bool> {
+        match self.marker() {
+            Marker::True => Some(true),
+            Marker::False => Some(false),
+            _ => None,
+        }
+    }
+
+    /// An integer as i128, whatever its encoding.
+    fn integer(self) -> Option<i128> {
+        let mut rest = self.after_marker();
+        Some(match self.marker() {
+            Marker::FixPos(n) => i128::from(n),
+            Marker::FixNeg(n) => i128::from(n),
+            Marker::U8 => i128::from(rest.read_data_u8().ok()?),
+            Marker::U16 => i128::from(rest.read_data_u16().ok()?),
+            Marker::U32 => i128::from(rest.read_data_u32().ok()?),
+            Marker::U64 => i128::from(rest.read_data_u64().ok()?),
+            Marker::I8 => i128::from(rest.read_data_i8().ok()?),
+            Marker::I16 => i128::from(rest.read_data_i16().ok()?),
+            Marker::I32 => i128::from(rest.read_data_i32().ok()?),
+            Marker::I64 => i128::from(rest.read_data_i64().ok()?),
+            _ => return None,
+        })
+    }
+
+    /// An integer that fits a u64 (as `Value::as_u64`).
+    pub fn as_u64(self) -> Option<u64> {
+        u64::try_from(self.integer()?).ok()
+    }
+
+    /// An integer that fits an i64 (as `Value::as_i64`).
+    pub fn as_i64(self) -> Option<i64> {
+        i64::try_from(self.integer()?).ok()
+    }
+
+    /// A float (F32 or F64; not an integer).
+    pub fn as_float(self) -> Option<f64> {
+        let mut rest = self.after_marker();
+        match self.marker() {
+            Marker::F32 => rest.read_data_f32().ok().map(f64::from),
+            Marker::F64 => rest.read_data_f64().ok(),
+            _ => None,
+        }
+    }
+
+    /// A string that is UTF-8 (as `Value::as_str`).
+    pub fn as_str(self) -> Option<&'a str> {
+        let marker = self.marker();
+        if !matches!(
+            marker,
+            Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32
+        ) {
+            return None;
+        }
+        let mut rest = self.after_marker();
+        let len = length(marker, &mut rest).ok()?;
+        std::str::from_utf8(take(&mut rest, len).ok()?).ok()
+    }
+
+    /// An ext's type and bytes.
+    pub fn as_ext(self) -> Option<(i8, &'a [u8])> {
+        let marker = self.marker();
+        if !matches!(
+            marker,
+            Marker::FixExt1
+                | Marker::FixExt2
+                | Marker::FixExt4
+                | Marker::FixExt8
+                | Marker::FixExt16
+                | Marker::Ext8
+                | Marker::Ext16
+                | Marker::Ext32
+        ) {
+            return None;
+        }
+        let mut rest = self.after_marker();
+        let len = length(marker, &mut rest).ok()?;
+        let kind = rest.read_data_i8().ok()?;
+        Some((kind, take(&mut rest, len).ok()?))
+    }
+
+    /// An array's items.
+    pub fn as_array(self) -> Option<Items<'a>> {
+        let marker = self.marker();
+        if !matches!(
+            marker,
+            Marker::FixArray(_) | Marker::Array16 | Marker::Array32
+        ) {
+            return None;
+        }
+        let mut rest = self.after_marker();
+        let left = length(marker, &mut rest).ok()?;
+        Some(Items { rest, left })
+    }
+
+    /// A map's entries.
+    pub fn as_map(self) -> Option<LazyMap<'a>> {
+        let marker = self.marker();
+        if !matches!(marker, Marker::FixMap(_) | Marker::Map16 | Marker::Map32) {
+            return None;
+        }
+        let mut rest = self.after_marker();
+        let len = length(marker, &mut rest).ok()?;
+        Some(LazyMap { rest, len })
+    }
+
+    /// The value as an `rmpv::Value` (for the rare field that is shown as it is).
+    pub fn to_value(self) -> Value {
+        read_value(&mut &self.bytes[..], usize::MAX).unwrap_or(Value::Nil)
+    }
+}
+
+/// The items of an array read in place.
+#[derive(Clone, Debug)]
+pub struct Items<'a> {
+    rest: &'a [u8],
+    left: usize,
+}
+
+impl<'a> Iterator for Items<'a> {
+    type Item = Lazy<'a>;
+
+    fn next(&mut self) -> Option<Lazy<'a>> {
+        self.left = self.left.checked_sub(1)?;
+        // The whole value was checked when it was read: the depth is bounded already.
+        Lazy::read(&mut self.rest, usize::MAX).ok()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for Items<'_> {}
+
+/// A map read in place.
+#[derive(Clone, Copy, Debug)]
+pub struct LazyMap<'a> {
+    rest: &'a [u8],
+    len: usize,
+}
+
+impl<'a> LazyMap<'a> {
+    /// Its (key, value) pairs, in order.
+    pub fn entries(self) -> impl Iterator<Item = (Lazy<'a>, Lazy<'a>)> {
+        let mut items = Items {
+            rest: self.rest,
+            left: self.len.saturating_mul(2),
+        };
+        std::iter::from_fn(move || Some((items.next()?, items.next()?)))
+    }
+
+    /// The value of the first entry whose key is the string `key` (nil included).
+    pub fn get(self, key: &str) -> Option<Lazy<'a>> {
+        self.entries()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v)
+    }
+}
+
+/// Move past the value at the start of `rest`, nested at most `max_depth` deep as
+/// [`read_value`] counts it, failing exactly where it fails.
+fn skip(rest: &mut &[u8], max_depth: usize) -> Result<(), MsgpackError> {
+    let depth = deeper(max_depth)?;
+    let marker = decode::read_marker(rest).map_err(|_| MsgpackError::Truncated)?;
+    match marker {
+        Marker::Null
+        | Marker::True
+        | Marker::False
+        | Marker::FixPos(_)
+        | Marker::FixNeg(_)
+        | Marker::Reserved => {}
+        Marker::U8 | Marker::I8 => {
+            take(rest, 1)?;
+        }
+        Marker::U16 | Marker::I16 => {
+            take(rest, 2)?;
+        }
+        Marker::U32 | Marker::I32 | Marker::F32 => {
+            take(rest, 4)?;
+        }
+        Marker::U64 | Marker::I64 | Marker::F64 => {
+            take(rest, 8)?;
+        }
+        Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
+            let len = length(marker, rest)?;
+            deeper(deeper(depth)?)?;
+            take(rest, len)?;
+        }
+        Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
+            let len = length(marker, rest)?;
+            deeper(depth)?;
+            take(rest, len)?;
+        }
+        Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
+            let len = length(marker, rest)?;
+            let depth = deeper(depth)?;
+            for _ in 0..len {
+                skip(rest, depth)?;
+            }
+        }
+        Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
+            let len = length(marker, rest)?;
+            let depth = deeper(depth)?;
+            for _ in 0..len {
+                skip(rest, depth)?;
+                skip(rest, depth)?;
+            }
+        }
+        Marker::FixExt1
+        | Marker::FixExt2
+        | Marker::FixExt4
+        | Marker::FixExt8
+        | Marker::FixExt16
+        | Marker::Ext8
+        | Marker::Ext16
+        | Marker::Ext32 => {
+            let len = length(marker, rest)?;
+            deeper(deeper(depth)?)?;
+            take(rest, 1)?;
+            take(rest, len)?;
+        }
+    }
+    Ok(())
 }
 
 fn number<T, E>(read: Result<T, E>) -> Result<T, MsgpackError> {
@@ -236,5 +497,113 @@ mod tests {
             let nested = (0..3).fold(leaf, |v, _| Value::Array(vec![v]));
             same_as_rmpv_at(&nested, 0..=12);
         }
+    }
+
+    /// `lazy` shows what `value` holds, through every accessor, all the way down.
+    fn shows(lazy: Lazy<'_>, value: &Value) {
+        assert_eq!(lazy.is_nil(), value.is_nil(), "{value:?}");
+        assert_eq!(lazy.as_bool(), value.as_bool(), "{value:?}");
+        assert_eq!(lazy.as_u64(), value.as_u64(), "{value:?}");
+        assert_eq!(lazy.as_i64(), value.as_i64(), "{value:?}");
+        let float = match value {
+            Value::F32(f) => Some(f64::from(*f)),
+            Value::F64(f) => Some(*f),
+            _ => None,
+        };
+        assert_eq!(lazy.as_float(), float, "{value:?}");
+        assert_eq!(lazy.as_str(), value.as_str(), "{value:?}");
+        let ext = match value {
+            Value::Ext(kind, bytes) => Some((*kind, bytes.as_slice())),
+            _ => None,
+        };
+        assert_eq!(lazy.as_ext(), ext, "{value:?}");
+        assert_eq!(&lazy.to_value(), value);
+        match (lazy.as_array(), value.as_array()) {
+            (Some(items), Some(values)) => {
+                assert_eq!(items.len(), values.len());
+                for (item, value) in items.zip(values) {
+                    shows(item, value);
+                }
+            }
+            (None, None) => {}
+            other => panic!("array or not: {other:?}"),
+        }
+        match (lazy.as_map(), value.as_map()) {
+            (Some(map), Some(entries)) => {
+                assert_eq!(map.entries().count(), entries.len());
+                for ((k, v), (key, value)) in map.entries().zip(entries) {
+                    shows(k, key);
+                    shows(v, value);
+                }
+                for (key, value) in entries {
+                    if let Some(key) = key.as_str() {
+                        shows(map.get(key).expect("found"), value);
+                    }
+                }
+                assert!(map.get("no such key").is_none());
+            }
+            (None, None) => {}
+            other => panic!("map or not: {other:?}"),
+        }
+    }
+
+    /// What [`Lazy::read`] accepts, and the bytes it leaves.
+    fn lazily(bytes: &[u8], max_depth: usize) -> Option<usize> {
+        let mut rest = bytes;
+        Lazy::read(&mut rest, max_depth).ok()?;
+        Some(rest.len())
+    }
+
+    #[test]
+    fn a_value_read_in_place_shows_what_the_tree_holds() {
+        let value = Value::Array(vec![
+            Value::Nil,
+            Value::Boolean(false),
+            Value::from(7),
+            Value::from(-7),
+            Value::from(70_000),
+            Value::from(u64::MAX),
+            Value::from(i64::MIN),
+            Value::F32(1.5),
+            Value::F64(-2.25),
+            Value::from("req-1"),
+            Value::from("x".repeat(300)),
+            Value::Binary(vec![1, 2, 3]),
+            Value::Map(vec![
+                (Value::from("k"), Value::Array(vec![Value::from(1); 20])),
+                (Value::from(3), Value::Nil),
+                (Value::from("m"), Value::Map(vec![])),
+            ]),
+            Value::Ext(3, vec![9; 4]),
+            Value::Ext(-2, vec![9; 300]),
+        ]);
+        let mut bytes = encoded(&value);
+        bytes.extend_from_slice(b"tail");
+        let mut rest = &bytes[..];
+        let lazy = Lazy::read(&mut rest, 8).expect("read");
+        assert_eq!(rest, b"tail");
+        shows(lazy, &value);
+        // The reserved marker reads as nil.
+        assert!(Lazy::read(&mut &[0xc1][..], 8).unwrap().is_nil());
+    }
+
+    #[test]
+    fn a_value_read_in_place_is_accepted_or_refused_as_the_tree_is() {
+        let nested = (0..5).fold(Value::from("s"), |v, _| Value::Array(vec![v]));
+        let map = Value::Map(vec![(Value::from("k"), Value::Ext(1, vec![2]))]);
+        let mut bytes = encoded(&nested);
+        bytes.extend(encoded(&map));
+        for end in 0..=bytes.len() {
+            for depth in 0..12 {
+                let part = &bytes[..end];
+                assert_eq!(
+                    lazily(part, depth),
+                    ours(part, depth).map(|(_, left)| left),
+                    "cut at {end}, depth {depth}"
+                );
+            }
+        }
+        // A lying length allocates nothing and fails.
+        assert_eq!(lazily(&[0xdd, 0xff, 0xff, 0xff, 0xff, 0xc0], 8), None);
     }
 }

@@ -11,9 +11,10 @@
 //! Every field that the tables place is checked for its type: a message that does not fit the
 //! expected table is tried against the others (see [`VllmDecoder`]), so a wrong version guess is
 //! noticed and counted instead of producing wrong numbers.
-use rmpv::Value;
-
-use crate::{decode::msgpack, engines::common::pd_role::PdRole};
+use crate::{
+    decode::msgpack::{Lazy, LazyMap},
+    engines::common::pd_role::PdRole,
+};
 
 /// Deepest nesting accepted (vLLM's messages are at most ~6 levels deep).
 const MAX_DEPTH: usize = 64;
@@ -368,8 +369,7 @@ impl VllmDecoder {
                 let ids = v
                     .as_array()
                     .ok_or(VllmError::Layout("ABORT is not a list"))?;
-                ids.iter()
-                    .map(|id| string(id).ok_or(VllmError::Layout("ABORT id is not a string")))
+                ids.map(|id| string(id).ok_or(VllmError::Layout("ABORT id is not a string")))
                     .collect::<Result<_, _>>()
                     .map(InputMessage::Abort)
             }),
@@ -394,15 +394,15 @@ impl VllmDecoder {
     fn with_layout<T>(
         &mut self,
         bytes: &[u8],
-        decode: impl Fn(&'static Schema, &Value) -> Result<T, VllmError>,
+        decode: impl for<'a> Fn(&'static Schema, Lazy<'a>) -> Result<T, VllmError>,
     ) -> Result<T, VllmError> {
         let value = parse(bytes)?;
-        let first_error = match decode(self.schema, &value) {
+        let first_error = match decode(self.schema, value) {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
         for schema in SCHEMAS.iter().filter(|s| **s != self.schema) {
-            if let Ok(v) = decode(schema, &value) {
+            if let Ok(v) = decode(schema, value) {
                 tracing::warn!(
                     "vLLM messages fit the {} layout, not {}: using it from now on",
                     schema.name,
@@ -417,10 +417,10 @@ impl VllmDecoder {
     }
 }
 
-fn parse(bytes: &[u8]) -> Result<Value, VllmError> {
+/// The message's one value, checked whole and read in place.
+fn parse(bytes: &[u8]) -> Result<Lazy<'_>, VllmError> {
     let mut rest = bytes;
-    let value =
-        msgpack::read_value(&mut rest, MAX_DEPTH).map_err(|e| VllmError::Msgpack(e.to_string()))?;
+    let value = Lazy::read(&mut rest, MAX_DEPTH).map_err(|e| VllmError::Msgpack(e.to_string()))?;
     if !rest.is_empty() {
         return Err(VllmError::Msgpack(format!(
             "{} bytes after the value",
@@ -431,27 +431,24 @@ fn parse(bytes: &[u8]) -> Result<Value, VllmError> {
 }
 
 /// Positional field `i`, None when left out (trailing default) or nil.
-fn field(fields: &[Value], i: usize) -> Option<&Value> {
-    fields.get(i).filter(|v| !v.is_nil())
+fn field<'a>(fields: &[Lazy<'a>], i: usize) -> Option<Lazy<'a>> {
+    fields.get(i).copied().filter(|v| !v.is_nil())
 }
 
-fn string(v: &Value) -> Option<String> {
+fn string(v: Lazy<'_>) -> Option<String> {
     v.as_str().map(str::to_owned)
 }
 
-fn float(v: &Value) -> Option<f64> {
-    match v {
-        Value::F64(f) => Some(*f),
-        Value::F32(f) => Some(f64::from(*f)),
-        _ => None,
-    }
+/// The positional fields of an array-like struct.
+fn fields<'a>(value: Lazy<'a>, what: &'static str) -> Result<Vec<Lazy<'a>>, VllmError> {
+    Ok(value.as_array().ok_or(VllmError::Layout(what))?.collect())
 }
 
 /// Typed positional field: absent/nil is `Ok(None)`, a value of another type is a layout error.
 fn typed<'a, T>(
-    fields: &'a [Value],
+    fields: &[Lazy<'a>],
     i: usize,
-    convert: impl Fn(&'a Value) -> Option<T>,
+    convert: impl Fn(Lazy<'a>) -> Option<T>,
     what: &'static str,
 ) -> Result<Option<T>, VllmError> {
     match field(fields, i) {
@@ -461,21 +458,21 @@ fn typed<'a, T>(
 }
 
 /// Map entry by string key.
-fn entry<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
-    map.iter()
-        .find(|(k, _)| k.as_str() == Some(key))
-        .map(|(_, v)| v)
-        .filter(|v| !v.is_nil())
+fn entry<'a>(map: LazyMap<'a>, key: &str) -> Option<Lazy<'a>> {
+    map.get(key).filter(|v| !v.is_nil())
 }
 
-fn add(layout: &RequestLayout, value: &Value) -> Result<EngineRequest, VllmError> {
-    let f = value
-        .as_array()
-        .ok_or(VllmError::Layout("EngineCoreRequest is not an array"))?;
+fn add(layout: &RequestLayout, value: Lazy<'_>) -> Result<EngineRequest, VllmError> {
+    let f = &fields(value, "EngineCoreRequest is not an array")?;
     let request_id = typed(f, layout.request_id, string, "request_id is not a string")?
         .ok_or(VllmError::Layout("no request_id"))?;
-    let arrival_time = typed(f, layout.arrival_time, float, "arrival_time is not a float")?
-        .ok_or(VllmError::Layout("no arrival_time"))?;
+    let arrival_time = typed(
+        f,
+        layout.arrival_time,
+        Lazy::as_float,
+        "arrival_time is not a float",
+    )?
+    .ok_or(VllmError::Layout("no arrival_time"))?;
     let prompt_tokens = typed(
         f,
         layout.prompt_token_ids,
@@ -485,7 +482,7 @@ fn add(layout: &RequestLayout, value: &Value) -> Result<EngineRequest, VllmError
     let sampling_map = typed(
         f,
         layout.sampling_params,
-        Value::as_map,
+        Lazy::as_map,
         "sampling_params is not a map",
     )?;
     let external_req_id = match layout.external_req_id {
@@ -495,11 +492,11 @@ fn add(layout: &RequestLayout, value: &Value) -> Result<EngineRequest, VllmError
     let trace_headers = typed(
         f,
         layout.trace_headers,
-        Value::as_map,
+        Lazy::as_map,
         "trace_headers is not a map",
     )?
     .map(|m| {
-        m.iter()
+        m.entries()
             .filter_map(|(k, v)| Some((string(k)?, string(v)?)))
             .collect()
     })
@@ -513,7 +510,7 @@ fn add(layout: &RequestLayout, value: &Value) -> Result<EngineRequest, VllmError
         data_parallel_rank: typed(
             f,
             layout.data_parallel_rank,
-            Value::as_i64,
+            Lazy::as_i64,
             "data_parallel_rank is not an int",
         )?,
         trace_headers,
@@ -522,38 +519,38 @@ fn add(layout: &RequestLayout, value: &Value) -> Result<EngineRequest, VllmError
 }
 
 /// A float field that Python may have sent as an int (`temperature=0`).
-fn number(v: &Value) -> Option<f64> {
-    float(v).or_else(|| v.as_i64().map(|i| i as f64))
+fn number(v: Lazy<'_>) -> Option<f64> {
+    v.as_float().or_else(|| v.as_i64().map(|i| i as f64))
 }
 
-fn sampling(map: &[(Value, Value)]) -> Sampling {
+fn sampling(map: LazyMap<'_>) -> Sampling {
     let d = Sampling::default();
     let get = |key| entry(map, key);
     Sampling {
-        n: get("n").and_then(Value::as_u64).unwrap_or(d.n),
+        n: get("n").and_then(Lazy::as_u64).unwrap_or(d.n),
         temperature: get("temperature").and_then(number).unwrap_or(d.temperature),
         top_p: get("top_p").and_then(number).unwrap_or(d.top_p),
-        top_k: get("top_k").and_then(Value::as_i64).unwrap_or(d.top_k),
+        top_k: get("top_k").and_then(Lazy::as_i64).unwrap_or(d.top_k),
         // Left out means the default (16); an explicit nil means no limit.
-        max_tokens: match map.iter().find(|(k, _)| k.as_str() == Some("max_tokens")) {
+        max_tokens: match map.get("max_tokens") {
             None => d.max_tokens,
-            Some((_, v)) => v.as_u64(),
+            Some(v) => v.as_u64(),
         },
-        logprobs: get("logprobs").and_then(Value::as_u64),
+        logprobs: get("logprobs").and_then(Lazy::as_u64),
     }
 }
 
 /// `sampling_params.extra_args.kv_transfer_params`: `do_remote_decode` marks the prefill side
 /// (producer), `do_remote_prefill` the decode side (consumer).
-fn pd_role(sampling: &[(Value, Value)]) -> Option<PdRole> {
+fn pd_role(sampling: LazyMap<'_>) -> Option<PdRole> {
     let params = entry(sampling, "extra_args")
-        .and_then(Value::as_map)
+        .and_then(Lazy::as_map)
         .and_then(|m| entry(m, "kv_transfer_params"))
-        .and_then(Value::as_map);
+        .and_then(Lazy::as_map);
     let flag = |key| {
         params
             .and_then(|p| entry(p, key))
-            .and_then(Value::as_bool)
+            .and_then(Lazy::as_bool)
             .unwrap_or(false)
     };
     if flag("do_remote_decode") {
@@ -567,27 +564,24 @@ fn pd_role(sampling: &[(Value, Value)]) -> Option<PdRole> {
 
 fn outputs(
     layout: &OutputLayout,
-    value: &Value,
+    value: Lazy<'_>,
     frames: &[Vec<u8>],
 ) -> Result<EngineOutputs, VllmError> {
-    let f = value
-        .as_array()
-        .ok_or(VllmError::Layout("EngineCoreOutputs is not an array"))?;
-    let engine_index = typed(f, 0, Value::as_u64, "engine_index is not an int")?.unwrap_or(0);
-    let outputs = typed(f, 1, Value::as_array, "outputs is not a list")?
+    let f = &fields(value, "EngineCoreOutputs is not an array")?;
+    let engine_index = typed(f, 0, Lazy::as_u64, "engine_index is not an int")?.unwrap_or(0);
+    let outputs = typed(f, 1, Lazy::as_array, "outputs is not a list")?
         .map(|list| {
-            list.iter()
-                .map(|o| output(layout, o, frames))
+            list.map(|o| output(layout, o, frames))
                 .collect::<Result<Vec<_>, _>>()
         })
         .transpose()?
         .unwrap_or_default();
     let scheduler_stats =
-        typed(f, 2, Value::as_map, "scheduler_stats is not a map")?.map(|m| scheduler_stats(m));
-    let timestamp = typed(f, 3, float, "timestamp is not a float")?.unwrap_or(0.0);
+        typed(f, 2, Lazy::as_map, "scheduler_stats is not a map")?.map(scheduler_stats);
+    let timestamp = typed(f, 3, Lazy::as_float, "timestamp is not a float")?.unwrap_or(0.0);
     let is_utility = field(f, 4).is_some();
-    let finished_requests = typed(f, 5, Value::as_array, "finished_requests is not a list")?
-        .map(|ids| ids.iter().filter_map(string).collect())
+    let finished_requests = typed(f, 5, Lazy::as_array, "finished_requests is not a list")?
+        .map(|ids| ids.filter_map(string).collect())
         .unwrap_or_default();
     Ok(EngineOutputs {
         engine_index,
@@ -601,12 +595,10 @@ fn outputs(
 
 fn output(
     layout: &OutputLayout,
-    value: &Value,
+    value: Lazy<'_>,
     frames: &[Vec<u8>],
 ) -> Result<RequestOutput, VllmError> {
-    let f = value
-        .as_array()
-        .ok_or(VllmError::Layout("EngineCoreOutput is not an array"))?;
+    let f = &fields(value, "EngineCoreOutput is not an array")?;
     let request_id = typed(
         f,
         layout.request_id,
@@ -617,40 +609,33 @@ fn output(
     let new_token_ids = typed(
         f,
         layout.new_token_ids,
-        |v| {
-            v.as_array()?
-                .iter()
-                .map(Value::as_u64)
-                .collect::<Option<Vec<_>>>()
-        },
+        |v| v.as_array()?.map(Lazy::as_u64).collect::<Option<Vec<_>>>(),
         "new_token_ids is not a list of ints",
     )?
     .unwrap_or_default();
     let finish_reason = typed(
         f,
         layout.finish_reason,
-        Value::as_u64,
+        Lazy::as_u64,
         "finish_reason is not an int",
     )?
     .map(FinishReason::from_code);
-    let stop_reason = field(f, layout.stop_reason).map(|v| match v {
-        Value::String(s) => s.as_str().unwrap_or_default().to_owned(),
-        other => other.to_string(),
-    });
-    let events = typed(f, layout.events, Value::as_array, "events is not a list")?
-        .map(|list| list.iter().map(event).collect::<Result<Vec<_>, _>>())
+    let stop_reason =
+        field(f, layout.stop_reason).map(|v| string(v).unwrap_or_else(|| v.to_value().to_string()));
+    let events = typed(f, layout.events, Lazy::as_array, "events is not a list")?
+        .map(|list| list.map(event).collect::<Result<Vec<_>, _>>())
         .transpose()?
         .unwrap_or_default();
     let has_kv_transfer_params = typed(
         f,
         layout.kv_transfer_params,
-        Value::as_map,
+        Lazy::as_map,
         "kv_transfer_params is not a map",
     )?
     .is_some();
     let mut prefill = None;
     if let Some(i) = layout.num_cached_tokens {
-        prefill = typed(f, i, Value::as_u64, "num_cached_tokens is not an int")?.map(|cached| {
+        prefill = typed(f, i, Lazy::as_u64, "num_cached_tokens is not an int")?.map(|cached| {
             PrefillTokens {
                 cached,
                 ..PrefillTokens::default()
@@ -658,8 +643,8 @@ fn output(
         });
     }
     if let Some(i) = layout.prefill_stats {
-        prefill = typed(f, i, Value::as_map, "prefill_stats is not a map")?.map(|m| {
-            let get = |key| entry(m, key).and_then(Value::as_u64);
+        prefill = typed(f, i, Lazy::as_map, "prefill_stats is not a map")?.map(|m| {
+            let get = |key| entry(m, key).and_then(Lazy::as_u64);
             PrefillTokens {
                 prompt: get("num_prompt_tokens"),
                 cached: get("num_cached_tokens").unwrap_or(0),
@@ -681,17 +666,17 @@ fn output(
 }
 
 /// `EngineCoreEvent`: a map `{type, timestamp}` (or, defensively, a `[type, timestamp]` pair).
-fn event(value: &Value) -> Result<EngineEvent, VllmError> {
-    let (kind, timestamp) = match value {
-        Value::Map(m) => (entry(m, "type"), entry(m, "timestamp")),
-        Value::Array(a) => (a.first(), a.get(1)),
+fn event(value: Lazy<'_>) -> Result<EngineEvent, VllmError> {
+    let (kind, timestamp) = match (value.as_map(), value.as_array()) {
+        (Some(m), _) => (entry(m, "type"), entry(m, "timestamp")),
+        (_, Some(mut a)) => (a.next(), a.next()),
         _ => return Err(VllmError::Layout("event is neither a map nor a pair")),
     };
     let kind = kind
-        .and_then(Value::as_u64)
+        .and_then(Lazy::as_u64)
         .ok_or(VllmError::Layout("event type is not an int"))?;
     let timestamp = timestamp
-        .and_then(float)
+        .and_then(Lazy::as_float)
         .ok_or(VllmError::Layout("event timestamp is not a float"))?;
     Ok(EngineEvent {
         kind: match kind {
@@ -704,21 +689,21 @@ fn event(value: &Value) -> Result<EngineEvent, VllmError> {
     })
 }
 
-fn scheduler_stats(map: &[(Value, Value)]) -> SchedulerStats {
-    let int = |key| entry(map, key).and_then(Value::as_u64);
+fn scheduler_stats(map: LazyMap<'_>) -> SchedulerStats {
+    let int = |key| entry(map, key).and_then(Lazy::as_u64);
     SchedulerStats {
         num_running_reqs: int("num_running_reqs").unwrap_or(0),
         num_waiting_reqs: int("num_waiting_reqs").unwrap_or(0),
         kv_cache_usage: entry(map, "kv_cache_usage")
             .or_else(|| entry(map, "gpu_cache_usage"))
-            .and_then(float)
+            .and_then(Lazy::as_float)
             .unwrap_or(0.0),
         prefix_cache: entry(map, "prefix_cache_stats")
-            .and_then(Value::as_map)
+            .and_then(Lazy::as_map)
             .map(|m| {
-                let int = |key| entry(m, key).and_then(Value::as_u64).unwrap_or(0);
+                let int = |key| entry(m, key).and_then(Lazy::as_u64).unwrap_or(0);
                 PrefixCacheStats {
-                    reset: entry(m, "reset").and_then(Value::as_bool).unwrap_or(false),
+                    reset: entry(m, "reset").and_then(Lazy::as_bool).unwrap_or(false),
                     requests: int("requests"),
                     queries: int("queries"),
                     hits: int("hits"),
@@ -731,8 +716,9 @@ fn scheduler_stats(map: &[(Value, Value)]) -> SchedulerStats {
 /// The sampled tokens' logprobs from a `LogprobsLists` (`[token_ids, logprobs, ranks, cu]`,
 /// each an ndarray `(dtype, shape, data)`, data inline or the index of a frame of the
 /// message): column 0 of the `logprobs` matrix.
-fn sampled_logprobs(value: &Value, frames: &[Vec<u8>]) -> Option<Vec<f32>> {
-    let [dtype, shape, data] = value.as_array()?.get(1)?.as_array()?.as_slice() else {
+fn sampled_logprobs(value: Lazy<'_>, frames: &[Vec<u8>]) -> Option<Vec<f32>> {
+    let ndarray: Vec<Lazy> = value.as_array()?.nth(1)?.as_array()?.collect();
+    let [dtype, shape, data] = ndarray.as_slice() else {
         return None;
     };
     if dtype.as_str()? != "<f4" {
@@ -740,13 +726,12 @@ fn sampled_logprobs(value: &Value, frames: &[Vec<u8>]) -> Option<Vec<f32>> {
     }
     let shape: Vec<usize> = shape
         .as_array()?
-        .iter()
         .map(|d| d.as_u64().map(|d| d as usize))
         .collect::<Option<_>>()?;
-    let bytes: &[u8] = match data {
-        Value::Ext(EXT_RAW_VIEW, bytes) => bytes,
+    let bytes: &[u8] = match data.as_ext() {
+        Some((EXT_RAW_VIEW, bytes)) => bytes,
         // Index 0 is the message's own msgpack frame, never an array.
-        index => match usize::try_from(index.as_u64()?).ok()? {
+        _ => match usize::try_from(data.as_u64()?).ok()? {
             0 => return None,
             i => frames.get(i)?,
         },
@@ -771,6 +756,8 @@ fn sampled_logprobs(value: &Value, frames: &[Vec<u8>]) -> Option<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
+
+    use rmpv::Value;
 
     use super::*;
 
