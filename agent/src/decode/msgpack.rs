@@ -297,26 +297,15 @@ impl<'a> LazyMap<'a> {
 /// [`read_value`] counts it, failing exactly where it fails.
 fn skip(rest: &mut &[u8], max_depth: usize) -> Result<(), MsgpackError> {
     let depth = deeper(max_depth)?;
+    // Most of a message is small scalars (token ids, flags): their size is in their marker.
+    if let Some(&first) = rest.first() {
+        if let Some(size) = scalar_size(first) {
+            take(rest, size)?;
+            return Ok(());
+        }
+    }
     let marker = decode::read_marker(rest).map_err(|_| MsgpackError::Truncated)?;
     match marker {
-        Marker::Null
-        | Marker::True
-        | Marker::False
-        | Marker::FixPos(_)
-        | Marker::FixNeg(_)
-        | Marker::Reserved => {}
-        Marker::U8 | Marker::I8 => {
-            take(rest, 1)?;
-        }
-        Marker::U16 | Marker::I16 => {
-            take(rest, 2)?;
-        }
-        Marker::U32 | Marker::I32 | Marker::F32 => {
-            take(rest, 4)?;
-        }
-        Marker::U64 | Marker::I64 | Marker::F64 => {
-            take(rest, 8)?;
-        }
         Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
             let len = length(marker, rest)?;
             deeper(deeper(depth)?)?;
@@ -355,8 +344,23 @@ fn skip(rest: &mut &[u8], max_depth: usize) -> Result<(), MsgpackError> {
             take(rest, 1)?;
             take(rest, len)?;
         }
+        // Scalars, sized by their marker byte above.
+        _ => {}
     }
     Ok(())
+}
+
+/// The whole size of a scalar (nil, bool, int, float, the reserved marker) from its marker
+/// byte; None for the others.
+fn scalar_size(marker: u8) -> Option<usize> {
+    match marker {
+        0x00..=0x7f | 0xe0..=0xff | 0xc0..=0xc3 => Some(1),
+        0xcc | 0xd0 => Some(2),
+        0xcd | 0xd1 => Some(3),
+        0xca | 0xce | 0xd2 => Some(5),
+        0xcb | 0xcf | 0xd3 => Some(9),
+        _ => None,
+    }
 }
 
 fn number<T, E>(read: Result<T, E>) -> Result<T, MsgpackError> {
@@ -591,8 +595,25 @@ mod tests {
     fn a_value_read_in_place_is_accepted_or_refused_as_the_tree_is() {
         let nested = (0..5).fold(Value::from("s"), |v, _| Value::Array(vec![v]));
         let map = Value::Map(vec![(Value::from("k"), Value::Ext(1, vec![2]))]);
-        let mut bytes = encoded(&nested);
-        bytes.extend(encoded(&map));
+        let scalars = [
+            Value::Nil,
+            Value::Boolean(true),
+            Value::from(5),
+            Value::from(-5),
+            Value::from(200),
+            Value::from(-100),
+            Value::from(60_000),
+            Value::from(-30_000),
+            Value::from(4_000_000_000u64),
+            Value::from(-2_000_000_000),
+            Value::from(u64::MAX),
+            Value::from(i64::MIN),
+            Value::F32(0.5),
+            Value::F64(0.25),
+        ];
+        let value = Value::Array([vec![nested, map], scalars.to_vec()].concat());
+        let mut bytes = encoded(&value);
+        bytes.push(0xc0);
         for end in 0..=bytes.len() {
             for depth in 0..12 {
                 let part = &bytes[..end];
