@@ -298,11 +298,9 @@ impl<'a> LazyMap<'a> {
 fn skip(rest: &mut &[u8], max_depth: usize) -> Result<(), MsgpackError> {
     let depth = deeper(max_depth)?;
     // Most of a message is small scalars (token ids, flags): their size is in their marker.
-    if let Some(&first) = rest.first() {
-        if let Some(size) = scalar_size(first) {
-            take(rest, size)?;
-            return Ok(());
-        }
+    if let Some(size) = rest.first().and_then(|&first| scalar_size(first)) {
+        take(rest, size)?;
+        return Ok(());
     }
     let marker = decode::read_marker(rest).map_err(|_| MsgpackError::Truncated)?;
     match marker {

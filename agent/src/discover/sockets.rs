@@ -278,10 +278,11 @@ fn listening_ports_by_duplicates(pid: u32) -> io::Result<Vec<u16>> {
             Err(e) => return Err(e),
         };
         let socket = SockRef::from(&duplicate);
-        if socket.is_listener().unwrap_or(false) {
-            if let Some(local) = socket.local_addr().ok().and_then(|a| a.as_socket()) {
-                ports.push(local.port());
-            }
+        if !socket.is_listener().unwrap_or(false) {
+            continue;
+        }
+        if let Some(local) = socket.local_addr().ok().and_then(|a| a.as_socket()) {
+            ports.push(local.port());
         }
     }
     Ok(ports)
