@@ -16,7 +16,9 @@ const RET: usize = 16;
 const PROT_EXEC: u64 = 0x4;
 const MAP_ANONYMOUS: u64 = 0x20;
 
-/// `mmap(addr, len, prot, flags, fd, offset)` returned.
+/// `mmap(addr, len, prot, flags, fd, offset)` returned. Every process's mmaps come here; the
+/// tracked-process lookup goes first: loading the arguments from `pt_regs` first was slower
+/// for the untracked (280-320 ns a call against 177-180 ns, an anonymous-mmap loop).
 #[tracepoint]
 pub fn sys_exit_mmap(ctx: TracePointContext) -> u32 {
     let Some((tgid, _)) = tracked_tgid() else {
