@@ -29,8 +29,49 @@ pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackEr
     let depth = deeper(max_depth)?;
     let start = *rest;
     let marker = decode::read_marker(rest).map_err(|_| MsgpackError::Truncated)?;
+    if let Some(kind) = kind_of(marker) {
+        let len = length(marker, rest)?;
+        return Ok(match kind {
+            Kind::Str => {
+                deeper(deeper(depth)?)?;
+                let bytes = take(rest, len)?;
+                match std::str::from_utf8(bytes) {
+                    Ok(text) => Value::String(text.into()),
+                    Err(_) => {
+                        let mut item = &start[..start.len() - rest.len()];
+                        rmpv::decode::read_value(&mut item).map_err(|_| MsgpackError::Truncated)?
+                    }
+                }
+            }
+            Kind::Bin => {
+                deeper(depth)?;
+                Value::Binary(take(rest, len)?.to_vec())
+            }
+            Kind::Array => {
+                let depth = deeper(depth)?;
+                let mut items = Vec::with_capacity(len.min(rest.len()));
+                for _ in 0..len {
+                    items.push(read_value(rest, depth)?);
+                }
+                Value::Array(items)
+            }
+            Kind::Map => {
+                let depth = deeper(depth)?;
+                let mut entries = Vec::with_capacity(len.min(rest.len() / 2));
+                for _ in 0..len {
+                    let key = read_value(rest, depth)?;
+                    entries.push((key, read_value(rest, depth)?));
+                }
+                Value::Map(entries)
+            }
+            Kind::Ext => {
+                deeper(deeper(depth)?)?;
+                let kind = number(rest.read_data_i8())?;
+                Value::Ext(kind, take(rest, len)?.to_vec())
+            }
+        });
+    }
     Ok(match marker {
-        Marker::Null => Value::Nil,
         Marker::True => Value::Boolean(true),
         Marker::False => Value::Boolean(false),
         Marker::FixPos(n) => Value::from(n),
@@ -45,57 +86,9 @@ pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackEr
         Marker::I64 => Value::from(number(rest.read_data_i64())?),
         Marker::F32 => Value::F32(number(rest.read_data_f32())?),
         Marker::F64 => Value::F64(number(rest.read_data_f64())?),
-        Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
-            let len = length(marker, rest)?;
-            deeper(deeper(depth)?)?;
-            let bytes = take(rest, len)?;
-            match std::str::from_utf8(bytes) {
-                Ok(text) => Value::String(text.into()),
-                Err(_) => {
-                    let mut item = &start[..start.len() - rest.len()];
-                    rmpv::decode::read_value(&mut item).map_err(|_| MsgpackError::Truncated)?
-                }
-            }
-        }
-        Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
-            let len = length(marker, rest)?;
-            deeper(depth)?;
-            Value::Binary(take(rest, len)?.to_vec())
-        }
-        Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
-            let len = length(marker, rest)?;
-            let depth = deeper(depth)?;
-            let mut items = Vec::with_capacity(len.min(rest.len()));
-            for _ in 0..len {
-                items.push(read_value(rest, depth)?);
-            }
-            Value::Array(items)
-        }
-        Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
-            let len = length(marker, rest)?;
-            let depth = deeper(depth)?;
-            let mut entries = Vec::with_capacity(len.min(rest.len() / 2));
-            for _ in 0..len {
-                let key = read_value(rest, depth)?;
-                entries.push((key, read_value(rest, depth)?));
-            }
-            Value::Map(entries)
-        }
-        Marker::FixExt1
-        | Marker::FixExt2
-        | Marker::FixExt4
-        | Marker::FixExt8
-        | Marker::FixExt16
-        | Marker::Ext8
-        | Marker::Ext16
-        | Marker::Ext32 => {
-            let len = length(marker, rest)?;
-            deeper(deeper(depth)?)?;
-            let kind = number(rest.read_data_i8())?;
-            Value::Ext(kind, take(rest, len)?.to_vec())
-        }
-        // The marker msgpack never uses: nil, as rmpv reads it.
-        Marker::Reserved => Value::Nil,
+        // Nil, and the marker msgpack never uses (nil, as rmpv reads it); the others were
+        // read above.
+        _ => Value::Nil,
     })
 }
 
@@ -178,64 +171,40 @@ impl<'a> Lazy<'a> {
         }
     }
 
-    /// A string that is UTF-8 (as `Value::as_str`).
-    pub fn as_str(self) -> Option<&'a str> {
+    /// The length a container, string, binary or ext marker of `kind` gives, and the bytes
+    /// after it; None for a value of another kind.
+    fn sized(self, kind: Kind) -> Option<(usize, &'a [u8])> {
         let marker = self.marker();
-        if !matches!(
-            marker,
-            Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32
-        ) {
+        if kind_of(marker) != Some(kind) {
             return None;
         }
         let mut rest = self.after_marker();
         let len = length(marker, &mut rest).ok()?;
+        Some((len, rest))
+    }
+
+    /// A string that is UTF-8 (as `Value::as_str`).
+    pub fn as_str(self) -> Option<&'a str> {
+        let (len, mut rest) = self.sized(Kind::Str)?;
         std::str::from_utf8(take(&mut rest, len).ok()?).ok()
     }
 
     /// An ext's type and bytes.
     pub fn as_ext(self) -> Option<(i8, &'a [u8])> {
-        let marker = self.marker();
-        if !matches!(
-            marker,
-            Marker::FixExt1
-                | Marker::FixExt2
-                | Marker::FixExt4
-                | Marker::FixExt8
-                | Marker::FixExt16
-                | Marker::Ext8
-                | Marker::Ext16
-                | Marker::Ext32
-        ) {
-            return None;
-        }
-        let mut rest = self.after_marker();
-        let len = length(marker, &mut rest).ok()?;
+        let (len, mut rest) = self.sized(Kind::Ext)?;
         let kind = rest.read_data_i8().ok()?;
         Some((kind, take(&mut rest, len).ok()?))
     }
 
     /// An array's items.
     pub fn as_array(self) -> Option<Items<'a>> {
-        let marker = self.marker();
-        if !matches!(
-            marker,
-            Marker::FixArray(_) | Marker::Array16 | Marker::Array32
-        ) {
-            return None;
-        }
-        let mut rest = self.after_marker();
-        let left = length(marker, &mut rest).ok()?;
+        let (left, rest) = self.sized(Kind::Array)?;
         Some(Items { rest, left })
     }
 
     /// A map's entries.
     pub fn as_map(self) -> Option<LazyMap<'a>> {
-        let marker = self.marker();
-        if !matches!(marker, Marker::FixMap(_) | Marker::Map16 | Marker::Map32) {
-            return None;
-        }
-        let mut rest = self.after_marker();
-        let len = length(marker, &mut rest).ok()?;
+        let (len, rest) = self.sized(Kind::Map)?;
         Some(LazyMap { rest, len })
     }
 
@@ -303,32 +272,52 @@ fn skip(rest: &mut &[u8], max_depth: usize) -> Result<(), MsgpackError> {
         return Ok(());
     }
     let marker = decode::read_marker(rest).map_err(|_| MsgpackError::Truncated)?;
-    match marker {
-        Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
-            let len = length(marker, rest)?;
+    // Scalars were sized by their marker byte above.
+    let Some(kind) = kind_of(marker) else {
+        return Ok(());
+    };
+    let len = length(marker, rest)?;
+    match kind {
+        Kind::Str => {
             deeper(deeper(depth)?)?;
             take(rest, len)?;
         }
-        Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
-            let len = length(marker, rest)?;
+        Kind::Bin => {
             deeper(depth)?;
             take(rest, len)?;
         }
-        Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
-            let len = length(marker, rest)?;
+        Kind::Array | Kind::Map => {
             let depth = deeper(depth)?;
-            for _ in 0..len {
+            let items = if kind == Kind::Map { len * 2 } else { len };
+            for _ in 0..items {
                 skip(rest, depth)?;
             }
         }
-        Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
-            let len = length(marker, rest)?;
-            let depth = deeper(depth)?;
-            for _ in 0..len {
-                skip(rest, depth)?;
-                skip(rest, depth)?;
-            }
+        Kind::Ext => {
+            deeper(deeper(depth)?)?;
+            // Its type byte, then its bytes.
+            take(rest, 1 + len)?;
         }
+    }
+    Ok(())
+}
+
+/// What a marker that is not a scalar's starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Str,
+    Bin,
+    Array,
+    Map,
+    Ext,
+}
+
+fn kind_of(marker: Marker) -> Option<Kind> {
+    Some(match marker {
+        Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => Kind::Str,
+        Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => Kind::Bin,
+        Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => Kind::Array,
+        Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => Kind::Map,
         Marker::FixExt1
         | Marker::FixExt2
         | Marker::FixExt4
@@ -336,16 +325,9 @@ fn skip(rest: &mut &[u8], max_depth: usize) -> Result<(), MsgpackError> {
         | Marker::FixExt16
         | Marker::Ext8
         | Marker::Ext16
-        | Marker::Ext32 => {
-            let len = length(marker, rest)?;
-            deeper(deeper(depth)?)?;
-            take(rest, 1)?;
-            take(rest, len)?;
-        }
-        // Scalars, sized by their marker byte above.
-        _ => {}
-    }
-    Ok(())
+        | Marker::Ext32 => Kind::Ext,
+        _ => return None,
+    })
 }
 
 /// The whole size of a scalar (nil, bool, int, float, the reserved marker) from its marker
@@ -431,11 +413,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_kind_of_value_reads_as_rmpv_reads_it() {
-        let value = Value::Array(vec![
+    /// A value of every kind and size class.
+    fn every_kind() -> Value {
+        Value::Array(vec![
             Value::Nil,
             Value::Boolean(true),
+            Value::Boolean(false),
             Value::from(7),
             Value::from(-7),
             Value::from(300),
@@ -449,13 +432,19 @@ mod tests {
             Value::from("x".repeat(300)),
             Value::Binary(vec![1, 2, 3]),
             Value::Binary(vec![0; 70_000]),
-            Value::Map(vec![(
-                Value::from("k"),
-                Value::Array(vec![Value::from(1); 20]),
-            )]),
+            Value::Map(vec![
+                (Value::from("k"), Value::Array(vec![Value::from(1); 20])),
+                (Value::from(3), Value::Nil),
+                (Value::from("m"), Value::Map(vec![])),
+            ]),
             Value::Ext(3, vec![9; 4]),
             Value::Ext(-2, vec![9; 300]),
-        ]);
+        ])
+    }
+
+    #[test]
+    fn every_kind_of_value_reads_as_rmpv_reads_it() {
+        let value = every_kind();
         let bytes = encoded(&value);
         // A string that is not UTF-8, and bytes after the value.
         let mut with_invalid = bytes.clone();
@@ -558,27 +547,7 @@ mod tests {
 
     #[test]
     fn a_value_read_in_place_shows_what_the_tree_holds() {
-        let value = Value::Array(vec![
-            Value::Nil,
-            Value::Boolean(false),
-            Value::from(7),
-            Value::from(-7),
-            Value::from(70_000),
-            Value::from(u64::MAX),
-            Value::from(i64::MIN),
-            Value::F32(1.5),
-            Value::F64(-2.25),
-            Value::from("req-1"),
-            Value::from("x".repeat(300)),
-            Value::Binary(vec![1, 2, 3]),
-            Value::Map(vec![
-                (Value::from("k"), Value::Array(vec![Value::from(1); 20])),
-                (Value::from(3), Value::Nil),
-                (Value::from("m"), Value::Map(vec![])),
-            ]),
-            Value::Ext(3, vec![9; 4]),
-            Value::Ext(-2, vec![9; 300]),
-        ]);
+        let value = every_kind();
         let mut bytes = encoded(&value);
         bytes.extend_from_slice(b"tail");
         let mut rest = &bytes[..];
