@@ -263,6 +263,27 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok((ticks(11)? + ticks(12)?) / hz)
 }
 
+/// CPU seconds a process's live threads have run, from their schedstat (nanoseconds): the
+/// agent's threads live as long as it does, and its CPU during one load (0.06-0.09 s on a
+/// 2-core VM) is too little for /proc/PID/stat's 10 ms ticks.
+fn threads_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let tasks = format!("/proc/{pid}/task");
+    let mut ns = 0u64;
+    for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+        let path = task?.path().join("schedstat");
+        // A thread that exited meanwhile has no schedstat left to read.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        ns += text
+            .split_whitespace()
+            .next()
+            .and_then(|run| run.parse::<u64>().ok())
+            .with_context(|| format!("{} is not a schedstat line", path.display()))?;
+    }
+    Ok(ns as f64 / 1e9)
+}
+
 /// Wait until the agent has attached: its CPU time stops rising (loading and attaching the
 /// programs takes most of a second of CPU; an idle engine gives it next to nothing to do).
 fn wait_attached(agent: &mut Child) -> anyhow::Result<()> {
@@ -300,9 +321,9 @@ impl Bench {
             .spawn()
             .context("starting infertrace")?;
         wait_attached(&mut child)?;
-        let before = cpu_seconds(child.id())?;
+        let before = threads_cpu_seconds(child.id())?;
         let result = self.serve(num_prompts, seed)?;
-        let load_cpu_s = cpu_seconds(child.id())? - before;
+        let load_cpu_s = threads_cpu_seconds(child.id())? - before;
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status();
@@ -404,5 +425,33 @@ impl Bench {
             mean_ttft_ms: get("mean_ttft_ms")?,
             median_ttft_ms: get("median_ttft_ms")?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This thread's own CPU time.
+    fn thread_cpu() -> Duration {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec it is given.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    }
+
+    #[test]
+    fn the_threads_cpu_counts_what_a_thread_ran() {
+        let pid = std::process::id();
+        let before = threads_cpu_seconds(pid).expect("schedstat");
+        let start = thread_cpu();
+        while thread_cpu() - start < Duration::from_millis(50) {
+            std::hint::black_box(start);
+        }
+        let after = threads_cpu_seconds(pid).expect("schedstat");
+        assert!(after - before >= 0.05, "{before} s -> {after} s");
     }
 }
