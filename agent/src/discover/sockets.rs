@@ -149,12 +149,14 @@ impl SocketLookup {
     /// an outgoing connection's ephemeral port).
     fn listens_on(&mut self, pid: u32, port: u16) -> bool {
         let now = Instant::now();
+        // The pidfd the fd was just duplicated through.
+        let pidfd = self.pidfds.get(&pid);
         let entry = self
             .listening
             .entry(pid)
-            .or_insert_with(|| (listening_ports(pid), now));
+            .or_insert_with(|| (listening_ports_through(pid, pidfd), now));
         if !entry.0.contains(&port) && now.duration_since(entry.1) > LISTENING_TTL {
-            *entry = (listening_ports(pid), now);
+            *entry = (listening_ports_through(pid, pidfd), now);
         }
         entry.0.contains(&port)
     }
@@ -260,18 +262,25 @@ fn classify_from_tables(pid: u32, inode: u64) -> FdKind {
 /// listing a table's listeners makes the kernel walk its whole connection hash (5 ms on this
 /// machine kind, whose table has 262,144 buckets), however few connections there are.
 pub fn listening_ports(pid: u32) -> Vec<u16> {
-    let mut ports =
-        listening_ports_by_duplicates(pid).unwrap_or_else(|_| listening_ports_from_tables(pid));
+    listening_ports_through(pid, pidfd_open(pid).as_ref().ok())
+}
+
+/// [`listening_ports`], through the process's pidfd when one is open already.
+fn listening_ports_through(pid: u32, pidfd: Option<&OwnedFd>) -> Vec<u16> {
+    let by_duplicates = pidfd.map(|pidfd| listening_ports_by_duplicates(pidfd, pid));
+    let mut ports = match by_duplicates {
+        Some(Ok(ports)) => ports,
+        _ => listening_ports_from_tables(pid),
+    };
     ports.sort_unstable();
     ports.dedup();
     ports
 }
 
-fn listening_ports_by_duplicates(pid: u32) -> io::Result<Vec<u16>> {
-    let pidfd = pidfd_open(pid)?;
+fn listening_ports_by_duplicates(pidfd: &OwnedFd, pid: u32) -> io::Result<Vec<u16>> {
     let mut ports = Vec::new();
     for (fd, _) in socket_fds(pid) {
-        let duplicate = match duplicate_fd(&pidfd, fd) {
+        let duplicate = match duplicate_fd(pidfd, fd) {
             Ok(duplicate) => duplicate,
             // Closed since its link was read.
             Err(e) if e.raw_os_error() == Some(libc::EBADF) => continue,
