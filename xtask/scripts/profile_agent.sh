@@ -3,16 +3,19 @@
 # "The agent's cost, measured and cut"). As root, with the engine started by
 # `cargo xtask engine <vllm|sglang> start --port PORT -- <no prefix cache flag>`:
 #
-#   ENGINE=vllm PORT=18472 [PERF=1] [FREQ=499] [N=256] [AGENT_FLAGS=...] \
+#   ENGINE=vllm PORT=18472 [PERF=1] [FREQ=499] [N=256] [WARMUP=0] [AGENT_FLAGS=...] \
 #     xtask/scripts/profile_agent.sh [BIN]
 #
 # Attaches BIN (default target/release/infertrace) with --output none (and AGENT_FLAGS), waits for it to settle,
 # runs the engine's own serving benchmark (N streamed requests, 256 tokens in, 64 out) and
 # prints the agent's CPU per request during the load, the API server's CPU, and the runs and
-# time of each kernel program (kernel.bpf_stats_enabled). PERF=1 also records the agent with
+# time of each kernel program (kernel.bpf_stats_enabled). WARMUP=M first runs a load of M
+# requests with the agent attached, not measured: what an agent that has run a while costs
+# (the Python code objects and stacks it names once are named by then). PERF=1 also records the agent with
 # `perf record --call-graph dwarf` into /tmp/infertrace-profile/perf.data.
 set -euo pipefail
 ENGINE=${ENGINE:-vllm}; PORT=${PORT:-18472}; N=${N:-256}; PERF=${PERF:-0}; FREQ=${FREQ:-499}
+WARMUP=${WARMUP:-0}
 AGENT=${1:-target/release/infertrace}
 for tool in bpftool perf; do
   command -v "$tool" >/dev/null || { echo "$tool not found: apt-get install bpftool linux-perf" >&2; exit 1; }
@@ -26,8 +29,9 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # 10 ms ticks were +-15 % of a 256-request load's 0.06-0.09 s.
 cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ns += $1} END {printf "%.0f\n", ns}'; }
 serve() {
+  local n=${1:-$N}
   local common=(--model tiny --tokenizer "$HOME_DIR/tiny-llama" --base-url "http://127.0.0.1:$PORT"
-    --random-input-len 256 --random-output-len 64 --num-prompts "$N" --seed 1 --disable-tqdm)
+    --random-input-len 256 --random-output-len 64 --num-prompts "$n" --seed 1 --disable-tqdm)
   if [ "$ENGINE" = vllm ]; then
     "$HOME_DIR/venv/bin/vllm" bench serve --backend vllm --ignore-eos --dataset-name random "${common[@]}"
   else
@@ -48,6 +52,7 @@ AGENT_PID=$!
 # The agent is stopped whatever happens below (it holds the caller's stdout).
 trap 'kill -TERM $AGENT_PID 2>/dev/null || true' EXIT
 sleep 4
+if [ "$WARMUP" -gt 0 ]; then serve "$WARMUP" >/dev/null; fi
 prog_stats | sort >"$OUT/before"
 a0=$(cpu_ns $AGENT_PID); s0=$(cpu_ticks "$PID"); t0=$(date +%s.%N)
 if [ "$PERF" = 1 ]; then
