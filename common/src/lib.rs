@@ -725,6 +725,9 @@ pub const PY_MAX_DEPTH: usize = 128;
 pub const PY_MAX_THREADS: u32 = 64;
 /// An offset that does not apply to an interpreter version.
 pub const PY_NO_OFFSET: u32 = u32::MAX;
+/// Most bytes of a frame the sampler reads: the span of the fields it needs, in one read per
+/// frame (see [`PyOffsets::frame_span`]).
+pub const PY_FRAME_READ_MAX: u32 = 128;
 
 /// Where the sampler finds a thread's frames in one CPython version (byte offsets, from the
 /// version's headers or its `_Py_DebugOffsets`; see the agent's discover/python.rs).
@@ -753,6 +756,20 @@ pub struct PyOffsets {
     /// The `owner` value of the interpreter's C-stack shim frames (skipped), or
     /// [`PY_NO_OFFSET`].
     pub owner_cstack: u32,
+}
+
+impl PyOffsets {
+    /// The bytes from a frame's start that hold every field the sampler reads of it (code,
+    /// previous, and owner where it is compared), all within the frame's own object: one read
+    /// of them costs what one field's read did. None past [`PY_FRAME_READ_MAX`].
+    #[inline(always)]
+    pub fn frame_span(&self) -> Option<u32> {
+        let mut span = self.frame_code.max(self.frame_previous).checked_add(8)?;
+        if self.owner_cstack != PY_NO_OFFSET {
+            span = span.max(self.frame_owner.checked_add(1)?);
+        }
+        (span <= PY_FRAME_READ_MAX).then_some(span)
+    }
 }
 
 /// Value of the `PY_PROCS` map: a Python process the sampler walks.

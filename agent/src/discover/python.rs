@@ -359,7 +359,9 @@ pub fn discover(pid: u32, binaries: &mut BinaryCache) -> Result<PythonProcess, P
     let runtime = base + runtime;
     let published = Memory::open(pid)
         .ok()
-        .and_then(|memory| layout_from_debug_offsets(&memory, runtime, version));
+        .and_then(|memory| layout_from_debug_offsets(&memory, runtime, version))
+        // The sampler reads a frame's fields in one read of at most PY_FRAME_READ_MAX bytes.
+        .filter(|(frames, _)| frames.frame_span().is_some());
     let (frames, code, from) = match published {
         Some((frames, code)) => (frames, code, PUBLISHED),
         None => (layout.frames, layout.code, layout.from),
@@ -462,6 +464,12 @@ fn load_base(maps: &str, path: &str, first_vaddr: u64, pie: bool) -> Option<u64>
     })
 }
 
+/// Bytes read at once of a `str` object: its header (at most 40 bytes in the supported
+/// versions) and the text of a name or path up to about 200 characters. A read of another
+/// process's memory stops at the first page it cannot read: a longer text, or one cut there,
+/// is read again where it lies.
+const STRING_READ: usize = 256;
+
 /// Reads a Python process's memory to name its code objects.
 pub struct Memory {
     file: std::fs::File,
@@ -480,20 +488,35 @@ impl Memory {
         Some(buf)
     }
 
+    /// Up to `len` bytes at `at`: fewer where an unreadable page cuts them short.
+    fn readable(&self, at: u64, len: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0; len];
+        let n = self.file.read_at(&mut buf, at).ok()?;
+        buf.truncate(n);
+        Some(buf)
+    }
+
     pub fn u64_at(&self, at: u64) -> Option<u64> {
         let b = self.bytes(at, 8)?;
         Some(u64::from_le_bytes(b.try_into().ok()?))
     }
 
     /// A `str` object's text (compact strings only, as code objects' names are; at most 512
-    /// characters).
+    /// characters). One read brings the header and the text of a name up to
+    /// [`STRING_READ`] bytes long (nearly all are): each read of another process's memory is a
+    /// syscall, and naming code objects was most of the sampler's cost in the agent.
     fn string(&self, at: u64, o: &CodeOffsets) -> Option<String> {
-        let field = |offset: u32| at.checked_add(u64::from(offset));
-        let state = self.bytes(field(o.unicode_state)?, 4)?;
-        let state = u32::from_le_bytes(state.try_into().ok()?);
-        let len = usize::try_from(self.u64_at(field(o.unicode_length)?)?)
-            .ok()?
-            .min(512);
+        let head = self.readable(at, STRING_READ)?;
+        let u32_at = |offset: u32| -> Option<u32> {
+            let i = offset as usize;
+            Some(u32::from_le_bytes(head.get(i..i + 4)?.try_into().ok()?))
+        };
+        let u64_at = |offset: u32| -> Option<u64> {
+            let i = offset as usize;
+            Some(u64::from_le_bytes(head.get(i..i + 8)?.try_into().ok()?))
+        };
+        let state = u32_at(o.unicode_state)?;
+        let len = usize::try_from(u64_at(o.unicode_length)?).ok()?.min(512);
         let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
         if compact == 0 {
             return None;
@@ -502,9 +525,17 @@ impl Memory {
             o.ascii_data
         } else {
             o.compact_data
-        };
+        } as usize;
         let width = kind.clamp(1, 4) as usize;
-        let raw = self.bytes(field(data)?, len * width)?;
+        let size = len * width;
+        let later;
+        let raw = match head.get(data..data + size) {
+            Some(raw) => raw,
+            None => {
+                later = self.bytes(at.checked_add(data as u64)?, size)?;
+                &later[..]
+            }
+        };
         Some(
             raw.chunks(width)
                 .map(|c| {
@@ -518,13 +549,19 @@ impl Memory {
         )
     }
 
-    /// The qualified name, file and first line of the code object at `code`.
+    /// The qualified name, file and first line of the code object at `code` (its fields read
+    /// in one go).
     /// Garbage (a stack walked with wrong offsets) gives None or nonsense, never a fault.
     pub fn code_object(&self, code: u64, o: &CodeOffsets) -> Option<CodeName> {
-        let field = |offset: u32| code.checked_add(u64::from(offset));
-        let name = self.string(self.u64_at(field(o.qualname)?)?, o)?;
-        let file = self.string(self.u64_at(field(o.filename)?)?, o)?;
-        let line = self.bytes(field(o.firstlineno)?, 4)?;
+        let end = o.qualname.max(o.filename).max(o.firstlineno) as usize + 8;
+        let fields = self.bytes(code, end)?;
+        let word = |offset: u32| -> Option<u64> {
+            let i = offset as usize;
+            Some(u64::from_le_bytes(fields.get(i..i + 8)?.try_into().ok()?))
+        };
+        let name = self.string(word(o.qualname)?, o)?;
+        let file = self.string(word(o.filename)?, o)?;
+        let line = fields.get(o.firstlineno as usize..o.firstlineno as usize + 4)?;
         Some(CodeName {
             name,
             file,
@@ -593,6 +630,55 @@ mod tests {
     #[test]
     fn every_known_version_has_offsets_and_garbage_elf_is_an_error() {
         assert_eq!(known_versions(), "3.10, 3.11, 3.12, 3.13");
+        for layout in LAYOUTS {
+            assert!(layout.frames.frame_span().is_some(), "{}", layout.from);
+        }
         assert!(runtime_symbols(b"not an elf").is_err());
+    }
+
+    /// A compact `str` laid out as CPython does (state bits, length, then the characters).
+    fn fake_string(text: &str, o: &CodeOffsets) -> Vec<u8> {
+        let ascii = text.is_ascii();
+        let (kind, data): (u32, Vec<u8>) = if ascii {
+            (1, text.as_bytes().to_vec())
+        } else {
+            let units: Vec<u8> = text.encode_utf16().flat_map(u16::to_le_bytes).collect();
+            (2, units)
+        };
+        let start = if ascii { o.ascii_data } else { o.compact_data } as usize;
+        let mut object = vec![0u8; start + data.len()];
+        let state = (kind << 2) | (1 << 5) | (u32::from(ascii) << 6);
+        let at = o.unicode_state as usize;
+        object[at..at + 4].copy_from_slice(&state.to_le_bytes());
+        let at = o.unicode_length as usize;
+        object[at..at + 8].copy_from_slice(&(text.chars().count() as u64).to_le_bytes());
+        object[start..].copy_from_slice(&data);
+        object
+    }
+
+    #[test]
+    fn code_objects_are_named_from_memory_short_and_long_names_alike() {
+        let o = LAYOUTS.last().expect("a layout").code;
+        let long_file = format!("/{}/engine.py", "deep".repeat(80));
+        let name = fake_string("Scheduler.schedulé", &o);
+        let file = fake_string(&long_file, &o);
+        let mut code = vec![0u8; o.qualname.max(o.filename).max(o.firstlineno) as usize + 8];
+        let put = |code: &mut Vec<u8>, at: u32, word: u64| {
+            code[at as usize..at as usize + 8].copy_from_slice(&word.to_le_bytes());
+        };
+        put(&mut code, o.qualname, name.as_ptr() as u64);
+        put(&mut code, o.filename, file.as_ptr() as u64);
+        let line = o.firstlineno as usize;
+        code[line..line + 4].copy_from_slice(&1234i32.to_le_bytes());
+        let memory = Memory::open(std::process::id()).expect("own memory");
+        assert_eq!(
+            memory.code_object(code.as_ptr() as u64, &o),
+            Some(CodeName {
+                name: "Scheduler.schedulé".into(),
+                file: long_file,
+                line: 1234,
+            })
+        );
+        assert_eq!(memory.code_object(0, &o), None);
     }
 }
