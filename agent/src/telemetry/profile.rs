@@ -7,7 +7,7 @@ use std::{
     sync::Arc,
 };
 
-use crate::engines::common::well_known::{Phase, SampleKind, thread_role};
+use crate::engines::common::well_known::{Phase, SampleKind, name_role, stack_role};
 use crate::{decode::python::PySample, discover::python::CodeName};
 
 /// Distinct stacks kept per thread; samples of further stacks are counted under one line.
@@ -28,8 +28,10 @@ pub struct ThreadProfile {
     pub without_python: u64,
     /// Samples whose stack was cut (too deep, or unreadable part way).
     pub cut: u64,
-    /// Folded stack (outermost frame first, `;`-separated) -> samples.
-    pub stacks: HashMap<Arc<str>, u64>,
+    /// Folded stack (outermost frame first, `;`-separated) -> samples. Hashed with foldhash:
+    /// a folded stack is kilobytes long, and std's SipHash of it was a good part of a
+    /// sample's cost.
+    pub stacks: HashMap<Arc<str>, u64, foldhash::fast::RandomState>,
     /// Samples per engine phase (engines/common/well_known.rs); the rest are `other` or `native`.
     pub phases: BTreeMap<Phase, u64>,
 }
@@ -50,14 +52,19 @@ pub struct Profile {
     pub threads: BTreeMap<(u32, u32), ThreadProfile>,
     /// Samples of threads past [`MAX_THREADS`].
     pub dropped: u64,
-    /// The folded label and kind of each stack the decoder interned, by its address: a
+    /// The folded label, kind and role of each stack the decoder interned, by its address: a
     /// stack is sampled many times, and labelling it is most of a sample's cost. The entry
     /// holds the stack, so that its address is not reused while it is a key.
     memo: HashMap<usize, Labelled>,
 }
 
-/// An interned stack (held), its folded label and its kind.
-type Labelled = (Arc<Vec<CodeName>>, Arc<str>, SampleKind);
+/// An interned stack (held), its folded label, its kind and the thread role it shows.
+type Labelled = (
+    Arc<Vec<CodeName>>,
+    Arc<str>,
+    SampleKind,
+    Option<&'static str>,
+);
 
 /// `qualname (file:line)`, with `;` (the folded format's separator) replaced.
 fn frame_label(frame: &CodeName) -> String {
@@ -75,7 +82,7 @@ const OTHER_STACKS: &str = "[other stacks]";
 impl Profile {
     /// Count a sample; returns what it was doing (for the caller's metrics and iterations).
     pub fn add(&mut self, sample: &PySample) -> SampleKind {
-        let (folded, kind) = self.labelled(sample);
+        let (folded, kind, role) = self.labelled(sample);
         let key = (sample.tgid, sample.tid);
         if !self.threads.contains_key(&key) && self.threads.len() >= MAX_THREADS {
             self.dropped += 1;
@@ -86,7 +93,7 @@ impl Profile {
             thread.name.clone_from(&sample.thread);
         }
         if thread.role.is_none() {
-            thread.role = thread_role(&sample.thread, &sample.stack);
+            thread.role = role.or_else(|| name_role(&sample.thread));
         }
         thread.samples += 1;
         thread.cut += u64::from(sample.cut);
@@ -106,27 +113,29 @@ impl Profile {
         kind
     }
 
-    /// The sample's folded stack and kind, computed once per interned stack.
-    fn labelled(&mut self, sample: &PySample) -> (Arc<str>, SampleKind) {
+    /// The sample's folded stack, kind and the role it shows, computed once per interned
+    /// stack.
+    fn labelled(&mut self, sample: &PySample) -> (Arc<str>, SampleKind, Option<&'static str>) {
         if sample.unknown_stack {
-            return (Arc::from(UNKNOWN_STACK), SampleKind::Unknown);
+            return (Arc::from(UNKNOWN_STACK), SampleKind::Unknown, None);
         }
         if sample.stack.is_empty() {
-            return (Arc::from(NO_PYTHON), SampleKind::Native);
+            return (Arc::from(NO_PYTHON), SampleKind::Native, None);
         }
         let address = Arc::as_ptr(&sample.stack) as usize;
-        if let Some((_, folded, kind)) = self.memo.get(&address) {
-            return (folded.clone(), *kind);
+        if let Some((_, folded, kind, role)) = self.memo.get(&address) {
+            return (folded.clone(), *kind, *role);
         }
         let labels: Vec<String> = sample.stack.iter().rev().map(frame_label).collect();
         let folded: Arc<str> = Arc::from(labels.join(";"));
         let kind = SampleKind::of_sample(sample);
+        let role = stack_role(&sample.stack);
         if self.memo.len() >= MAX_MEMO {
             self.memo.clear();
         }
         self.memo
-            .insert(address, (sample.stack.clone(), folded.clone(), kind));
-        (folded, kind)
+            .insert(address, (sample.stack.clone(), folded.clone(), kind, role));
+        (folded, kind, role)
     }
 
     /// Folded stacks, one line per (thread, stack):
