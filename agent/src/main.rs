@@ -11,7 +11,11 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, CommandFactory as _, Parser, Subcommand};
 use infertrace::{
-    capture::{cuda_watch::CudaOptions, kernel::KernelOptions, python_watch::PythonOptions},
+    capture::{
+        cuda_watch::CudaOptions,
+        kernel::KernelOptions,
+        python_watch::{self, PythonOptions},
+    },
     config,
     discover::{
         engine::{self, Target},
@@ -188,9 +192,12 @@ struct TraceArgs {
     /// Do not sample the Python stacks of traced Python processes.
     #[arg(long)]
     no_python_sampling: bool,
-    /// Python stack samples per second of a thread's CPU time.
-    #[arg(long, default_value_t = infertrace::capture::python_watch::DEFAULT_HZ, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    python_sample_hz: u64,
+    /// Python stack samples per second of a thread's CPU time [default: 49 with
+    /// --granularity 2, --profile-output or `profile`, where each iteration's samples or the
+    /// stacks themselves are shown; else 19, enough for the phase shares of the samples
+    /// metric].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    python_sample_hz: Option<u64>,
     /// Do not probe the CUDA driver (GPU launch and synchronisation timing).
     #[arg(long)]
     no_cuda: bool,
@@ -401,7 +408,12 @@ impl TraceArgs {
                 },
                 python: PythonOptions {
                     off: self.no_python_sampling,
-                    hz: self.python_sample_hz,
+                    hz: self.python_sample_hz.unwrap_or_else(|| {
+                        python_watch::default_hz(
+                            self.output.granularity,
+                            self.output.profile_output.is_some(),
+                        )
+                    }),
                 },
                 no_zmq_probe: self.no_zmq_probe,
                 no_pickle_probe: self.no_pickle_probe,
@@ -652,6 +664,9 @@ fn profile(mut capture: CaptureArgs, top: usize) -> anyhow::Result<()> {
     if trace.output.outputs.is_empty() {
         trace.output.outputs = vec!["none".into()];
     }
+    trace
+        .python_sample_hz
+        .get_or_insert(python_watch::DETAIL_HZ);
     let pipeline = live(trace, attach_targets(&capture.pids), None, None)?;
     print!("{}", pipeline.profile().report(top));
     Ok(())

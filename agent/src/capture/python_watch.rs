@@ -23,8 +23,24 @@ const MAX_ANNOUNCED: usize = 65_536;
 /// three quarters full (the rest is room for stacks interned since the last drain).
 const MAX_KERNEL_STACKS: usize = 3072;
 
-/// Default sampling rate: a prime, so that the clock does not beat with periodic work.
-pub const DEFAULT_HZ: u64 = 49;
+/// Sampling rates (primes, so that the clock does not beat with periodic work). By default
+/// the rate follows what the samples are used for: counted by thread and phase (the
+/// `infertrace_python_samples_total` metric) a low rate serves, as the shares add up over a
+/// dashboard's minutes; each iteration's samples (granularity 2) and profiles (the `profile`
+/// command, `--profile-output`) get the higher one. At 49 Hz the sampler was a third of the
+/// agent's CPU on a vLLM load, at 19 Hz 40 % of that (BENCHMARKS.md, "Twelfth round").
+pub const BASE_HZ: u64 = 19;
+pub const DETAIL_HZ: u64 = 49;
+
+/// The default rate for sessions of this span `granularity` that do or do not write a
+/// profile (see [`BASE_HZ`]).
+pub fn default_hz(granularity: u8, profile: bool) -> u64 {
+    if granularity >= 2 || profile {
+        DETAIL_HZ
+    } else {
+        BASE_HZ
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PythonOptions {
@@ -38,7 +54,7 @@ impl Default for PythonOptions {
     fn default() -> Self {
         Self {
             off: false,
-            hz: DEFAULT_HZ,
+            hz: DETAIL_HZ,
         }
     }
 }
@@ -239,5 +255,18 @@ impl PythonWatch {
             stack_id: id,
             frames,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_follows_what_the_samples_are_for() {
+        assert_eq!(default_hz(1, false), BASE_HZ);
+        assert_eq!(default_hz(0, false), BASE_HZ);
+        assert_eq!(default_hz(2, false), DETAIL_HZ);
+        assert_eq!(default_hz(1, true), DETAIL_HZ);
     }
 }

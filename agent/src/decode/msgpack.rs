@@ -95,8 +95,9 @@ pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackEr
 /// A msgpack value read in place: checked whole once ([`Lazy::read`]), then its parts are
 /// looked at where they lie, with nothing built or copied. vLLM's per-step messages were read
 /// into a value tree (a vector per array, a string per id) only to pick fields out of it:
-/// building and dropping the tree was most of their decoding.
-#[derive(Clone, Copy, Debug)]
+/// building and dropping the tree was most of their decoding. The default is an empty value,
+/// read as nil.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Lazy<'a> {
     /// Starts at the value's marker; the value may end before the slice does.
     bytes: &'a [u8],

@@ -439,9 +439,40 @@ fn string(v: Lazy<'_>) -> Option<String> {
     v.as_str().map(str::to_owned)
 }
 
-/// The positional fields of an array-like struct.
-fn fields<'a>(value: Lazy<'a>, what: &'static str) -> Result<Vec<Lazy<'a>>, VllmError> {
-    Ok(value.as_array().ok_or(VllmError::Layout(what))?.collect())
+/// Positional fields read of an array-like struct (vLLM's have fewer than 20; a schema's
+/// indices are checked against it in a test).
+const MAX_FIELDS: usize = 32;
+
+/// The positional fields of an array-like struct, on the stack: a struct per request output
+/// in every step's message, and a vector each was a good part of decoding one.
+struct Fields<'a> {
+    items: [Lazy<'a>; MAX_FIELDS],
+    len: usize,
+}
+
+impl<'a> std::ops::Deref for Fields<'a> {
+    type Target = [Lazy<'a>];
+
+    fn deref(&self) -> &[Lazy<'a>] {
+        &self.items[..self.len]
+    }
+}
+
+/// The positional fields of an array-like struct (those past [`MAX_FIELDS`] are not read).
+fn fields<'a>(value: Lazy<'a>, what: &'static str) -> Result<Fields<'a>, VllmError> {
+    let mut fields = Fields {
+        items: [Lazy::default(); MAX_FIELDS],
+        len: 0,
+    };
+    for (slot, item) in fields
+        .items
+        .iter_mut()
+        .zip(value.as_array().ok_or(VllmError::Layout(what))?)
+    {
+        *slot = item;
+        fields.len += 1;
+    }
+    Ok(fields)
 }
 
 /// Typed positional field: absent/nil is `Ok(None)`, a value of another type is a layout error.
@@ -1212,6 +1243,34 @@ mod tests {
         frames: &[Vec<u8>],
     ) -> Result<EngineOutputs, VllmError> {
         decoder.outputs(frames).expect("an output message")
+    }
+
+    #[test]
+    fn every_schema_index_is_among_the_fields_read() {
+        for schema in SCHEMAS {
+            let (r, o) = (&schema.request, &schema.output);
+            let optional = [r.external_req_id, o.num_cached_tokens, o.prefill_stats];
+            let indices = [
+                r.request_id,
+                r.prompt_token_ids,
+                r.sampling_params,
+                r.arrival_time,
+                r.data_parallel_rank,
+                r.trace_headers,
+                o.request_id,
+                o.new_token_ids,
+                o.new_logprobs,
+                o.finish_reason,
+                o.stop_reason,
+                o.events,
+                o.kv_transfer_params,
+            ]
+            .into_iter()
+            .chain(optional.into_iter().flatten());
+            for i in indices {
+                assert!(i < MAX_FIELDS, "{}: field {i}", schema.name);
+            }
+        }
     }
 
     #[test]
