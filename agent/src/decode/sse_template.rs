@@ -17,7 +17,7 @@ use serde_json::Value;
 pub fn content_template(write: &[u8]) -> Option<SseTemplate> {
     let data = one_chunk(write)?;
     let json = data.strip_prefix(b"data: ")?.strip_suffix(b"\n\n")?;
-    if json.iter().any(|&b| b == b'\n' || b == b'\r') {
+    if json.iter().any(|&b| b == b'\n' || b == b'\r') || !may_carry_text(json) {
         return None;
     }
     let chunk: Value = serde_json::from_slice(json).ok()?;
@@ -46,6 +46,18 @@ pub fn content_template(write: &[u8]) -> Option<SseTemplate> {
         &wildcards,
         &write[suffix_from..],
     )
+}
+
+/// Whether `json` can hold generated text: a `"content":"` or `"text":"` key followed by a
+/// character (a template's text is never empty). Checked before parsing: most writes offered
+/// that are not templates (a response's first and last events) have none, and parsing them
+/// was most of the cost of offering them.
+fn may_carry_text(json: &[u8]) -> bool {
+    [&b"\"content\":\""[..], b"\"text\":\""].iter().any(|key| {
+        json.windows(key.len())
+            .enumerate()
+            .any(|(i, w)| w == *key && json.get(i + key.len()).is_some_and(|&b| b != b'"'))
+    })
 }
 
 /// What the kernel decides for `write` (ebpf/src/sse.rs runs the same matcher): the length of
@@ -212,6 +224,21 @@ mod tests {
         let whole = vllm("a1b2", 1765000000, " cat");
         assert!(!kernel_matches(&template, &whole[..whole.len() - 1]));
         assert!(!kernel_matches(&template, &[whole.clone(), whole].concat()));
+    }
+
+    #[test]
+    fn writes_without_text_are_passed_over_before_parsing() {
+        assert!(may_carry_text(
+            br#"{"choices":[{"delta":{"content":" the"}}]}"#
+        ));
+        assert!(may_carry_text(br#"{"choices":[{"text":"x","index":0}]}"#));
+        let first = br#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#;
+        assert!(!may_carry_text(first));
+        assert!(!may_carry_text(
+            br#"{"choices":[],"usage":{"total_tokens":5}}"#
+        ));
+        assert!(!may_carry_text(br#"{"choices":[{"delta":{"content":"#));
+        assert!(content_template(&write(std::str::from_utf8(first).unwrap())).is_none());
     }
 
     #[test]
