@@ -266,6 +266,8 @@ pub async fn run_live(
     );
     tokio::pin!(deadline);
     let mut events = initial;
+    // The decoded messages of one batch (kept for its capacity).
+    let mut batch = Vec::new();
     // Attach mode ends when its processes have exited; node mode runs on.
     let exits = node.is_none().then(|| procfs::ExitWatch::new(&pids));
     let mut checked_exit = Instant::now();
@@ -282,7 +284,7 @@ pub async fn run_live(
         // Drain batch by batch until the ring buffer is empty.
         loop {
             let more = live.poll(&mut events);
-            let mut batch = Vec::new();
+            batch.clear();
             let mut started = Vec::new();
             for event in events.drain(..) {
                 if let Some(w) = recorder.as_mut() {

@@ -59,6 +59,8 @@ pub struct LiveCapture {
     sockets: SocketLookup,
     clock: ClockWatch,
     counters_read: Option<Instant>,
+    /// The records of the batch being read (kept for its capacity).
+    parsed: Vec<Record>,
     pub stats: LiveStats,
 }
 
@@ -94,6 +96,7 @@ impl LiveCapture {
             sockets: SocketLookup::default(),
             clock: ClockWatch::new(clock::realtime_minus_monotonic().1),
             counters_read: None,
+            parsed: Vec::new(),
             stats: LiveStats::default(),
         };
         let mut events = Vec::new();
@@ -137,7 +140,9 @@ impl LiveCapture {
         self.cuda.look(&mut self.kernel);
         self.zmq.look(&mut self.kernel);
         self.pickle.look(&mut self.kernel);
-        let mut parsed = Vec::new();
+        // Reused: growing a fresh vector by doubling, a batch at a time, was 5 % of the
+        // agent's CPU on a vLLM load.
+        let mut parsed = std::mem::take(&mut self.parsed);
         let mut bad = 0;
         let n = self
             .kernel
@@ -149,10 +154,11 @@ impl LiveCapture {
                 }
             });
         self.stats.bad_records += bad;
-        for record in parsed {
+        for record in parsed.drain(..) {
             self.react(&record, out);
             out.push(CaptureEvent::Kernel(record));
         }
+        self.parsed = parsed;
         if self
             .counters_read
             .is_none_or(|at| at.elapsed() >= COUNTERS_EVERY)
