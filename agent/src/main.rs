@@ -193,9 +193,9 @@ struct TraceArgs {
     #[arg(long)]
     no_python_sampling: bool,
     /// Python stack samples per second of a thread's CPU time [default: 49 with
-    /// --granularity 2, --profile-output or `profile`, where each iteration's samples or the
-    /// stacks themselves are shown; else 19, enough for the phase shares of the samples
-    /// metric].
+    /// --granularity 2, --profile-output, `record` or `profile`, where each iteration's
+    /// samples or the stacks themselves are shown (or may be, on replay); else 19, enough for
+    /// the phase shares of the samples metric].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     python_sample_hz: Option<u64>,
     /// Do not probe the CUDA driver (GPU launch and synchronisation timing).
@@ -559,13 +559,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run(args) => node(&args),
         Command::Profile { capture, top } => profile(capture, top),
-        Command::Record { capture, recording } => live(
-            &capture.trace,
-            attach_targets(&capture.pids),
-            Some(recording),
-            None,
-        )
-        .map(|_| ()),
+        Command::Record {
+            mut capture,
+            recording,
+        } => {
+            // A recording may be replayed at granularity 2 or into a profile.
+            capture
+                .trace
+                .python_sample_hz
+                .get_or_insert(python_watch::DETAIL_HZ);
+            live(
+                &capture.trace,
+                attach_targets(&capture.pids),
+                Some(recording),
+                None,
+            )
+            .map(|_| ())
+        }
         Command::Replay { file, output } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let (header, summary, pipeline) = session::replay_pipeline(

@@ -27,7 +27,8 @@ const MAX_KERNEL_STACKS: usize = 3072;
 /// the rate follows what the samples are used for: counted by thread and phase (the
 /// `infertrace_python_samples_total` metric) a low rate serves, as the shares add up over a
 /// dashboard's minutes; each iteration's samples (granularity 2) and profiles (the `profile`
-/// command, `--profile-output`) get the higher one. At 49 Hz the sampler was a third of the
+/// command, `--profile-output`) get the higher one, as do recordings (`record`), which may be
+/// replayed into either. At 49 Hz the sampler was a third of the
 /// agent's CPU on a vLLM load, at 19 Hz 40 % of that (BENCHMARKS.md, "Twelfth round").
 pub const BASE_HZ: u64 = 19;
 pub const DETAIL_HZ: u64 = 49;
