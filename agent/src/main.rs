@@ -391,7 +391,9 @@ impl OutputArgs {
 }
 
 impl TraceArgs {
-    fn options(&self) -> anyhow::Result<LiveOptions> {
+    /// The capture's settings; `recording`: the session writes a recording, whose replay may
+    /// show the stacks or each iteration's samples.
+    fn options(&self, recording: bool) -> anyhow::Result<LiveOptions> {
         let duration = match self.duration {
             Some(s) if !(s.is_finite() && s > 0.0) => anyhow::bail!("--duration must be > 0"),
             Some(s) => Some(Duration::from_secs_f64(s)),
@@ -411,7 +413,7 @@ impl TraceArgs {
                     hz: self.python_sample_hz.unwrap_or_else(|| {
                         python_watch::default_hz(
                             self.output.granularity,
-                            self.output.profile_output.is_some(),
+                            self.output.profile_output.is_some() || recording,
                         )
                     }),
                 },
@@ -559,23 +561,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run(args) => node(&args),
         Command::Profile { capture, top } => profile(capture, top),
-        Command::Record {
-            mut capture,
-            recording,
-        } => {
-            // A recording may be replayed at granularity 2 or into a profile.
-            capture
-                .trace
-                .python_sample_hz
-                .get_or_insert(python_watch::DETAIL_HZ);
-            live(
-                &capture.trace,
-                attach_targets(&capture.pids),
-                Some(recording),
-                None,
-            )
-            .map(|_| ())
-        }
+        Command::Record { capture, recording } => live(
+            &capture.trace,
+            attach_targets(&capture.pids),
+            Some(recording),
+            None,
+        )
+        .map(|_| ()),
         Command::Replay { file, output } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let (header, summary, pipeline) = session::replay_pipeline(
@@ -733,7 +725,7 @@ fn live(
     if let Some(path) = &args.config {
         tracing::info!("settings from {}", path.display());
     }
-    let mut options = args.options()?;
+    let mut options = args.options(record.is_some())?;
     options.targets = targets;
     options.kernel.announce_execs = node.is_some();
     let clock = Clock::fixed(session::realtime_minus_monotonic_ns());

@@ -26,17 +26,17 @@ const MAX_KERNEL_STACKS: usize = 3072;
 /// Sampling rates (primes, so that the clock does not beat with periodic work). By default
 /// the rate follows what the samples are used for: counted by thread and phase (the
 /// `infertrace_python_samples_total` metric) a low rate serves, as the shares add up over a
-/// dashboard's minutes; each iteration's samples (granularity 2) and profiles (the `profile`
-/// command, `--profile-output`) get the higher one, as do recordings (`record`), which may be
-/// replayed into either. At 49 Hz the sampler was a third of the
-/// agent's CPU on a vLLM load, at 19 Hz 40 % of that (BENCHMARKS.md, "Twelfth round").
+/// dashboard's minutes; each iteration's samples (granularity 2) and the stacks themselves
+/// (the `profile` command, `--profile-output`, and recordings, which may be replayed into
+/// either) get the higher one. At 49 Hz the sampler was a third of the agent's CPU on a vLLM
+/// load, at 19 Hz 40 % of that (BENCHMARKS.md, "Twelfth round").
 pub const BASE_HZ: u64 = 19;
 pub const DETAIL_HZ: u64 = 49;
 
-/// The default rate for sessions of this span `granularity` that do or do not write a
-/// profile (see [`BASE_HZ`]).
-pub fn default_hz(granularity: u8, profile: bool) -> u64 {
-    if granularity >= 2 || profile {
+/// The default rate for sessions of this span `granularity` that do or do not keep the
+/// stacks (a profile written, or a recording) (see [`BASE_HZ`]).
+pub fn default_hz(granularity: u8, stacks_kept: bool) -> u64 {
+    if granularity >= 2 || stacks_kept {
         DETAIL_HZ
     } else {
         BASE_HZ
