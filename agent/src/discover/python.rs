@@ -470,6 +470,12 @@ fn load_base(maps: &str, path: &str, first_vaddr: u64, pie: bool) -> Option<u64>
 /// is read again where it lies.
 const STRING_READ: usize = 256;
 
+/// The `N` bytes at `offset` in an object's bytes read at once, when they are all there.
+fn field_bytes<const N: usize>(object: &[u8], offset: u32) -> Option<[u8; N]> {
+    let at = offset as usize;
+    object.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
 /// Reads a Python process's memory to name its code objects.
 pub struct Memory {
     file: std::fs::File,
@@ -507,16 +513,10 @@ impl Memory {
     /// syscall, and naming code objects was most of the sampler's cost in the agent.
     fn string(&self, at: u64, o: &CodeOffsets) -> Option<String> {
         let head = self.readable(at, STRING_READ)?;
-        let u32_at = |offset: u32| -> Option<u32> {
-            let i = offset as usize;
-            Some(u32::from_le_bytes(head.get(i..i + 4)?.try_into().ok()?))
-        };
-        let u64_at = |offset: u32| -> Option<u64> {
-            let i = offset as usize;
-            Some(u64::from_le_bytes(head.get(i..i + 8)?.try_into().ok()?))
-        };
-        let state = u32_at(o.unicode_state)?;
-        let len = usize::try_from(u64_at(o.unicode_length)?).ok()?.min(512);
+        let state = u32::from_le_bytes(field_bytes(&head, o.unicode_state)?);
+        let len = usize::try_from(u64::from_le_bytes(field_bytes(&head, o.unicode_length)?))
+            .ok()?
+            .min(512);
         let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
         if compact == 0 {
             return None;
@@ -555,17 +555,13 @@ impl Memory {
     pub fn code_object(&self, code: u64, o: &CodeOffsets) -> Option<CodeName> {
         let end = o.qualname.max(o.filename).max(o.firstlineno) as usize + 8;
         let fields = self.bytes(code, end)?;
-        let word = |offset: u32| -> Option<u64> {
-            let i = offset as usize;
-            Some(u64::from_le_bytes(fields.get(i..i + 8)?.try_into().ok()?))
-        };
-        let name = self.string(word(o.qualname)?, o)?;
-        let file = self.string(word(o.filename)?, o)?;
-        let line = fields.get(o.firstlineno as usize..o.firstlineno as usize + 4)?;
+        let pointer = |offset: u32| Some(u64::from_le_bytes(field_bytes(&fields, offset)?));
+        let name = self.string(pointer(o.qualname)?, o)?;
+        let file = self.string(pointer(o.filename)?, o)?;
         Some(CodeName {
             name,
             file,
-            line: i32::from_le_bytes(line.try_into().ok()?),
+            line: i32::from_le_bytes(field_bytes(&fields, o.firstlineno)?),
         })
     }
 }
