@@ -209,6 +209,12 @@ impl<'a> Lazy<'a> {
         Some(LazyMap { rest, len })
     }
 
+    /// What follows the value, found by walking it (it was checked whole when it was read).
+    pub fn after(self) -> &'a [u8] {
+        let mut rest = self.bytes;
+        skip(&mut rest, usize::MAX).map_or(&[], |()| rest)
+    }
+
     /// The value as an `rmpv::Value` (for the rare field that is shown as it is).
     pub fn to_value(self) -> Value {
         read_value(&mut &self.bytes[..], usize::MAX).unwrap_or(Value::Nil)
@@ -237,6 +243,35 @@ impl<'a> Iterator for Items<'a> {
 }
 
 impl ExactSizeIterator for Items<'_> {}
+
+impl<'a> Items<'a> {
+    /// What follows the items read so far: once all are read, what follows the array.
+    pub fn rest(&self) -> &'a [u8] {
+        self.rest
+    }
+
+    /// The next item as `read` reads it. `read` also gives what follows the item (a tail of
+    /// the bytes it was handed: an array's [`Items::rest`] once its items are all read), so
+    /// that moving past the item does not walk it a second time, as [`Iterator::next`] does.
+    /// After an error no item is left.
+    pub fn next_read<T, E>(
+        &mut self,
+        read: impl FnOnce(Lazy<'a>) -> Result<(T, &'a [u8]), E>,
+    ) -> Option<Result<T, E>> {
+        self.left = self.left.checked_sub(1)?;
+        Some(match read(Lazy { bytes: self.rest }) {
+            Ok((value, rest)) => {
+                debug_assert!(rest.len() <= self.rest.len(), "not a tail of the item");
+                self.rest = rest;
+                Ok(value)
+            }
+            Err(e) => {
+                self.left = 0;
+                Err(e)
+            }
+        })
+    }
+}
 
 /// A map read in place.
 #[derive(Clone, Copy, Debug)]
@@ -554,9 +589,41 @@ mod tests {
         let mut rest = &bytes[..];
         let lazy = Lazy::read(&mut rest, 8).expect("read");
         assert_eq!(rest, b"tail");
+        assert_eq!(lazy.after(), b"tail");
         shows(lazy, &value);
         // The reserved marker reads as nil.
         assert!(Lazy::read(&mut &[0xc1][..], 8).unwrap().is_nil());
+    }
+
+    #[test]
+    fn items_read_with_their_end_move_on_as_items_skipped_over_do() {
+        let value = Value::Array(vec![
+            Value::Array(vec![Value::from(1), Value::from("a")]),
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Array(vec![Value::from(2)]), Value::from(3)]),
+        ]);
+        let bytes = encoded(&value);
+        let lazy = Lazy::read(&mut &bytes[..], 8).unwrap();
+        /// How many items an item holds, and where they end.
+        fn own_items(item: Lazy<'_>) -> Result<(usize, &[u8]), ()> {
+            let mut items = item.as_array().ok_or(())?;
+            let count = items.by_ref().count();
+            Ok((count, items.rest()))
+        }
+        let mut items = lazy.as_array().unwrap();
+        let counts: Vec<usize> = std::iter::from_fn(|| items.next_read(own_items))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(counts, [2, 0, 2]);
+        assert!(items.rest().is_empty());
+        // An error ends the items.
+        let scalars = encoded(&Value::Array(vec![Value::from(1); 3]));
+        let mut items = Lazy::read(&mut &scalars[..], 8)
+            .unwrap()
+            .as_array()
+            .unwrap();
+        assert_eq!(items.next_read(own_items), Some(Err(())));
+        assert!(items.next().is_none());
     }
 
     #[test]

@@ -141,7 +141,7 @@ impl VllmTimeline {
 
     /// Apply this request's part of an engine step received at `recv_ns`. Returns the prompt
     /// tokens to count when this was the request's first output (vLLM counts them then).
-    fn apply(&mut self, out: &RequestOutput, step_ts: f64, engine: u64, recv_ns: u64) -> u64 {
+    fn apply(&mut self, out: RequestOutput, step_ts: f64, engine: u64, recv_ns: u64) -> u64 {
         self.engine_index = Some(engine);
         for event in &out.events {
             match event.kind {
@@ -201,8 +201,8 @@ impl VllmTimeline {
                 StepKind::Decode
             },
             timestamp: step_ts,
-            token_ids: out.new_token_ids.clone(),
-            logprobs: out.logprobs.clone(),
+            token_ids: out.new_token_ids,
+            logprobs: out.logprobs,
             gpu: None,
             python: None,
         });
@@ -383,7 +383,7 @@ impl VllmTracker {
                     self.handoffs
                         .received(*tgid, message.last_ns, keep, Handling::NextIteration);
                     if !step.is_utility {
-                        let mut report = self.step(&step, message.last_ns);
+                        let mut report = self.step(step, message.last_ns);
                         report.frontend = *tgid;
                         out.push(VllmEvent::Step(report));
                     }
@@ -438,9 +438,9 @@ impl VllmTracker {
         let id = timeline.request_id.clone();
         if let Some(orphan) = self.orphans.remove(&id) {
             let mut report = StepReport::default();
-            for (output, step_ts, engine, recv_ns) in &orphan.outputs {
-                report.engine_index = *engine;
-                report.prompt_tokens += timeline.apply(output, *step_ts, *engine, *recv_ns);
+            for (output, step_ts, engine, recv_ns) in orphan.outputs {
+                report.engine_index = engine;
+                report.prompt_tokens += timeline.apply(output, step_ts, engine, recv_ns);
             }
             out.push(VllmEvent::Step(report));
             if timeline.is_finished() {
@@ -455,7 +455,8 @@ impl VllmTracker {
         self.stats.evicted += self.in_flight.insert(timeline.request_id.clone(), timeline);
     }
 
-    fn step(&mut self, step: &EngineOutputs, recv_ns: u64) -> StepReport {
+    /// Apply an engine step's outputs, each moved into its request's timeline.
+    fn step(&mut self, step: EngineOutputs, recv_ns: u64) -> StepReport {
         self.stats.steps += 1;
         let mut report = StepReport {
             iteration: !step.outputs.is_empty(),
@@ -464,7 +465,7 @@ impl VllmTracker {
             scheduler: step.scheduler_stats,
             ..StepReport::default()
         };
-        for out in &step.outputs {
+        for out in step.outputs {
             if self.aborted.contains_key(&out.request_id) {
                 continue;
             }
@@ -475,20 +476,22 @@ impl VllmTracker {
                 .filter(|e| e.kind == EventKind::Preempted)
                 .count() as u64;
             let Some(timeline) = self.in_flight.get_mut(&out.request_id) else {
-                self.orphan(out, step, recv_ns);
+                self.orphan(out, step.timestamp, step.engine_index, recv_ns);
                 continue;
             };
             report.prompt_tokens += timeline.apply(out, step.timestamp, step.engine_index, recv_ns);
-            if timeline.is_finished()
-                && let Some(t) = self.in_flight.remove(&out.request_id)
-            {
-                self.joiner.add_engine(t);
+            if timeline.is_finished() {
+                let id = timeline.request_id.clone();
+                if let Some(t) = self.in_flight.remove(&id) {
+                    self.joiner.add_engine(t);
+                }
             }
         }
         report
     }
 
-    fn orphan(&mut self, out: &RequestOutput, step: &EngineOutputs, recv_ns: u64) {
+    /// Hold `out`, of a step at engine time `step_ts` of engine `engine`, until its ADD comes.
+    fn orphan(&mut self, out: RequestOutput, step_ts: f64, engine: u64, recv_ns: u64) {
         if !self.orphans.contains_key(&out.request_id) && self.orphans.len() >= MAX_ORPHANS {
             self.stats.requests_without_add += 1;
             return;
@@ -501,9 +504,7 @@ impl VllmTracker {
                 outputs: Vec::new(),
             });
         if orphan.outputs.len() < MAX_STEPS_PER_REQUEST {
-            orphan
-                .outputs
-                .push((out.clone(), step.timestamp, step.engine_index, recv_ns));
+            orphan.outputs.push((out, step_ts, engine, recv_ns));
         }
     }
 

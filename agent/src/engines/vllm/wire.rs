@@ -458,21 +458,38 @@ impl<'a> std::ops::Deref for Fields<'a> {
     }
 }
 
+impl<'a> Fields<'a> {
+    fn new() -> Self {
+        Fields {
+            items: [Lazy::default(); MAX_FIELDS],
+            len: 0,
+        }
+    }
+
+    /// The next field (one past [`MAX_FIELDS`] is not kept).
+    fn push(&mut self, item: Lazy<'a>) {
+        if let Some(slot) = self.items.get_mut(self.len) {
+            *slot = item;
+            self.len += 1;
+        }
+    }
+}
+
 /// The positional fields of an array-like struct (those past [`MAX_FIELDS`] are not read).
 fn fields<'a>(value: Lazy<'a>, what: &'static str) -> Result<Fields<'a>, VllmError> {
-    let mut fields = Fields {
-        items: [Lazy::default(); MAX_FIELDS],
-        len: 0,
-    };
-    for (slot, item) in fields
-        .items
-        .iter_mut()
-        .zip(value.as_array().ok_or(VllmError::Layout(what))?)
-    {
-        *slot = item;
-        fields.len += 1;
-    }
-    Ok(fields)
+    fields_to_end(value, what).map(|(fields, _)| fields)
+}
+
+/// The positional fields of an array-like struct and what follows it: found in the walk over
+/// its fields, for [`Items::next_read`].
+fn fields_to_end<'a>(
+    value: Lazy<'a>,
+    what: &'static str,
+) -> Result<(Fields<'a>, &'a [u8]), VllmError> {
+    let mut items = value.as_array().ok_or(VllmError::Layout(what))?;
+    let mut fields = Fields::new();
+    items.by_ref().for_each(|item| fields.push(item));
+    Ok((fields, items.rest()))
 }
 
 /// Typed positional field: absent/nil is `Ok(None)`, a value of another type is a layout error.
@@ -598,15 +615,21 @@ fn outputs(
     value: Lazy<'_>,
     frames: &[Vec<u8>],
 ) -> Result<EngineOutputs, VllmError> {
-    let f = &fields(value, "EngineCoreOutputs is not an array")?;
-    let engine_index = typed(f, 0, Lazy::as_u64, "engine_index is not an int")?.unwrap_or(0);
-    let outputs = typed(f, 1, Lazy::as_array, "outputs is not a list")?
-        .map(|list| {
-            list.map(|o| output(layout, o, frames))
-                .collect::<Result<Vec<_>, _>>()
-        })
+    // The request outputs, most of the message, are read in the walk that moves past them.
+    let mut items = value
+        .as_array()
+        .ok_or(VllmError::Layout("EngineCoreOutputs is not an array"))?;
+    let mut f = Fields::new();
+    f.push(items.next().unwrap_or_default());
+    let outputs = items
+        .next_read(|list| request_outputs(layout, list, frames))
         .transpose()?
         .unwrap_or_default();
+    // Field 1, read above: nil here.
+    f.push(Lazy::default());
+    items.for_each(|item| f.push(item));
+    let f = &f;
+    let engine_index = typed(f, 0, Lazy::as_u64, "engine_index is not an int")?.unwrap_or(0);
     let scheduler_stats =
         typed(f, 2, Lazy::as_map, "scheduler_stats is not a map")?.map(scheduler_stats);
     let timestamp = typed(f, 3, Lazy::as_float, "timestamp is not a float")?.unwrap_or(0.0);
@@ -624,12 +647,32 @@ fn outputs(
     })
 }
 
-fn output(
+/// The list of request outputs (nil: none), each read in the walk that moves past it, and what
+/// follows the list.
+fn request_outputs<'a>(
     layout: &OutputLayout,
-    value: Lazy<'_>,
+    list: Lazy<'a>,
     frames: &[Vec<u8>],
-) -> Result<RequestOutput, VllmError> {
-    let f = &fields(value, "EngineCoreOutput is not an array")?;
+) -> Result<(Vec<RequestOutput>, &'a [u8]), VllmError> {
+    if list.is_nil() {
+        return Ok((Vec::new(), list.after()));
+    }
+    let mut items = list
+        .as_array()
+        .ok_or(VllmError::Layout("outputs is not a list"))?;
+    let outputs = std::iter::from_fn(|| items.next_read(|o| output(layout, o, frames)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((outputs, items.rest()))
+}
+
+/// One request's output, and what follows it.
+fn output<'a>(
+    layout: &OutputLayout,
+    value: Lazy<'a>,
+    frames: &[Vec<u8>],
+) -> Result<(RequestOutput, &'a [u8]), VllmError> {
+    let (f, rest) = fields_to_end(value, "EngineCoreOutput is not an array")?;
+    let f = &f;
     let request_id = typed(
         f,
         layout.request_id,
@@ -684,7 +727,7 @@ fn output(
         });
     }
     let logprobs = field(f, layout.new_logprobs).and_then(|v| sampled_logprobs(v, frames));
-    Ok(RequestOutput {
+    let output = RequestOutput {
         request_id,
         new_token_ids,
         logprobs,
@@ -693,7 +736,8 @@ fn output(
         events,
         prefill,
         has_kv_transfer_params,
-    })
+    };
+    Ok((output, rest))
 }
 
 /// `EngineCoreEvent`: a map `{type, timestamp}` (or, defensively, a `[type, timestamp]` pair).
@@ -1416,6 +1460,25 @@ mod tests {
         assert_eq!(out.finished_requests, ["r", "q"]);
         assert!(out.outputs[0].has_kv_transfer_params);
         assert_eq!(out.scheduler_stats, None);
+    }
+
+    #[test]
+    fn a_nil_outputs_list_is_none_and_the_fields_after_it_are_read() {
+        let mut decoder = VllmDecoder::new(v0_14());
+        let msg = Value::Array(vec![
+            Value::from(1),
+            Value::Nil,
+            scheduler_stats_v14(),
+            Value::F64(5.0),
+            Value::Nil,
+            Value::Array(vec![s("r")]),
+        ]);
+        let out = decode_outputs(&mut decoder, &[enc(&msg)]).expect("decodes");
+        assert_eq!(out.engine_index, 1);
+        assert!(out.outputs.is_empty());
+        assert_eq!(out.timestamp, 5.0);
+        assert_eq!(out.finished_requests, ["r"]);
+        assert_eq!(out.scheduler_stats.map(|s| s.num_running_reqs), Some(2));
     }
 
     #[test]
