@@ -439,7 +439,7 @@ fn string(v: Lazy<'_>) -> Option<String> {
     v.as_str().map(str::to_owned)
 }
 
-/// Positional fields read of an array-like struct (vLLM's have fewer than 20; a schema's
+/// Positional fields kept of an array-like struct (vLLM's have fewer than 20; a schema's
 /// indices are checked against it in a test).
 const MAX_FIELDS: usize = 32;
 
@@ -475,7 +475,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// The positional fields of an array-like struct (those past [`MAX_FIELDS`] are not read).
+/// The positional fields of an array-like struct (those past [`MAX_FIELDS`] are not kept).
 fn fields<'a>(value: Lazy<'a>, what: &'static str) -> Result<Fields<'a>, VllmError> {
     fields_to_end(value, what).map(|(fields, _)| fields)
 }
