@@ -645,15 +645,14 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
             thread_span(&ours, ours_req.id, DP_CONTROLLER),
             thread_span(&theirs, theirs_req.id, DP_CONTROLLER),
         ) {
-            let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
             diffs
                 .entry("DP Controller start")
                 .or_default()
-                .push(d(a.start, b.start));
+                .push(seconds_between(a.start, b.start));
             diffs
                 .entry("DP Controller end")
                 .or_default()
-                .push(d(a.end, b.end));
+                .push(seconds_between(a.end, b.end));
         }
         // SGLang converts the edges of prefill_waiting with the start of prefill_forward when
         // the forward pass begins, and the end of prefill_forward when it finished.
@@ -695,10 +694,9 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
                     stage.name
                 ));
             }
-            let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
             let (start, end) = (
-                d(stage.start, theirs_stage.start),
-                d(stage.end, theirs_stage.end),
+                seconds_between(stage.start, theirs_stage.start),
+                seconds_between(stage.end, theirs_stage.end),
             );
             let includes_dispatch = stage.attributes["infertrace.includes_dispatch"] == true;
             match stage.name {
@@ -1062,6 +1060,11 @@ struct Schedule<'a> {
     batch_size: Option<i64>,
 }
 
+/// `a - b`, two instants in nanoseconds, in seconds.
+fn seconds_between(a: u64, b: u64) -> f64 {
+    (a as f64 - b as f64) / 1e9
+}
+
 /// infertrace's duration of a span minus SGLang's (seconds), from their (start, end) edges.
 fn duration_difference(ours: (u64, u64), theirs: (u64, u64)) -> f64 {
     let length = |(start, end): (u64, u64)| end as f64 - start as f64;
@@ -1210,7 +1213,6 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
     let mut nested: BTreeMap<&str, usize> = BTreeMap::new();
     // Every request's decode steps, compared after the loop.
     let mut decode_steps: Vec<DecodeStep> = Vec::new();
-    let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
     let first_sent = first_started(&ours, SENT_BEFORE_SOCKETS_LEARNT);
     let mut undivided = 0;
     // The DP controller's first requests likewise, per scheduler socket it sends to: their
@@ -1304,8 +1306,14 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
                 continue;
             }
             for (a, b) in ours_nested.iter().zip(&their_nested) {
-                diffs.entry(start_key).or_default().push(d(a.0, b.0));
-                diffs.entry(end_key).or_default().push(d(a.1, b.1));
+                diffs
+                    .entry(start_key)
+                    .or_default()
+                    .push(seconds_between(a.0, b.0));
+                diffs
+                    .entry(end_key)
+                    .or_default()
+                    .push(seconds_between(a.1, b.1));
                 durations
                     .entry(duration_key)
                     .or_default()
@@ -1319,7 +1327,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
             diffs
                 .entry(DECODE_WAITING_END)
                 .or_default()
-                .push(d(a.1, b.1));
+                .push(seconds_between(a.1, b.1));
         }
         let (mut ours_events, their_events) = (
             our_schedules(&ours_stages, &ours_json),
@@ -1341,7 +1349,8 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
                 .map(|w| w.1)
             && !their_events.iter().any(|e| e.ns == waited)
             && let Some(at) = ours_events.iter().position(|e| {
-                e.forward_mode == "decode" && d(e.ns, waited).abs() <= bounds.loop_edges.p99_s
+                e.forward_mode == "decode"
+                    && seconds_between(e.ns, waited).abs() <= bounds.loop_edges.p99_s
             })
         {
             ours_events.remove(at);
@@ -1372,7 +1381,7 @@ pub fn compare_loop_stages(ours: &Path, theirs: &Path, bounds: Bounds) -> Report
                     "schedule (decode batch)"
                 })
                 .or_default()
-                .push(d(a.ns, b.ns));
+                .push(seconds_between(a.ns, b.ns));
             if let Some(size) = a.batch_size {
                 sizes += 1;
                 if Some(size) != b.batch_size {
@@ -1441,7 +1450,6 @@ type DecodeStep = ((u64, u64), (u64, u64));
 /// a first step's start, the prefill's end, with the request's own stamp). The differences
 /// from each request's own stamps, the walk included, are reported.
 fn compare_decode_steps(r: &mut Report, steps: &[DecodeStep], bounds: Bounds) {
-    let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
     let mut last_stamp: HashMap<u64, u64> = HashMap::new();
     for &((_, ours_end), (_, their_end)) in steps {
         let last = last_stamp.entry(ours_end).or_insert(their_end);
@@ -1461,11 +1469,11 @@ fn compare_decode_steps(r: &mut Report, steps: &[DecodeStep], bounds: Bounds) {
             values
                 .entry("start")
                 .or_default()
-                .push(d(ours.0, reference.0));
+                .push(seconds_between(ours.0, reference.0));
             values
                 .entry("end")
                 .or_default()
-                .push(d(ours.1, reference.1));
+                .push(seconds_between(ours.1, reference.1));
             values
                 .entry("duration")
                 .or_default()
@@ -1474,7 +1482,7 @@ fn compare_decode_steps(r: &mut Report, steps: &[DecodeStep], bounds: Bounds) {
     }
     let spread: Vec<f64> = steps
         .iter()
-        .map(|&((_, ours_end), (_, their_end))| d(last_stamp[&ours_end], their_end))
+        .map(|&((_, ours_end), (_, their_end))| seconds_between(last_stamp[&ours_end], their_end))
         .collect();
     if !spread.is_empty() {
         let _ = writeln!(
@@ -1525,7 +1533,6 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
     let ours: Vec<SpanView> = ours_json.iter().filter_map(ours_view).collect();
     let theirs: Vec<SpanView> = theirs_json.iter().map(their_view).collect();
     let mut r = Report::default();
-    let d = |a: u64, b: u64| (a as f64 - b as f64) / 1e9;
     let (mut requests, mut stamped) = (0, Vec::new());
     let (mut loop_edges, mut loop_edges_not_streamed) = (Vec::new(), Vec::new());
     let (mut loop_durations, mut loop_durations_not_streamed) = (Vec::new(), Vec::new());
@@ -1575,9 +1582,9 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
                 edges_named(&ours_stages, name).first(),
                 edges_named(&their_stages, name).first(),
             ) {
-                exact.push(d(a.0, b.0));
+                exact.push(seconds_between(a.0, b.0));
                 if !start_only {
-                    exact.push(d(a.1, b.1));
+                    exact.push(seconds_between(a.1, b.1));
                 }
             }
         }
@@ -1602,7 +1609,7 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
             )
         };
         for (a, b) in a.iter().zip(&b) {
-            edges.extend([d(a.0, b.0), d(a.1, b.1)]);
+            edges.extend([seconds_between(a.0, b.0), seconds_between(a.1, b.1)]);
             durations.push(duration_difference(*a, *b));
         }
         // The batches it was in: one event per batch, on its stage spans as SGLang's.
@@ -1618,7 +1625,7 @@ pub fn compare_pd_decode(ours: &Path, theirs: &Path, streamed: &[&str], bounds: 
             ));
         }
         for (a, b) in ours_events.iter().zip(&their_events) {
-            schedule_edges.push(d(a.ns, b.ns));
+            schedule_edges.push(seconds_between(a.ns, b.ns));
             if a.batch_size.is_some() && a.batch_size != b.batch_size {
                 r.fail(format!(
                     "{id}: a batch of {:?}, SGLang's of {:?}",
