@@ -6,9 +6,11 @@
 //! pyzmq when it gets to it). A traced process without the library is looked at when it
 //! starts being watched, and again when the kernel reports that it mapped a file executable
 //! (`ebpf/src/mmap.rs`: a library being loaded), at most every [`LOADING_LOOK`] while it loads
-//! many; otherwise only every [`FALLBACK_LOOK`], in case a report was lost. Reading a torch
+//! many; otherwise only after [`FALLBACK_LOOK`], in case a report was lost, each such look
+//! waiting twice as long as the one before (up to [`LONGEST_FALLBACK_LOOK`]). Reading a torch
 //! process's maps costs milliseconds: re-reading them on a timer was a tenth of the agent's
-//! CPU in the first minute after attach. Each library file is read once: its probe sites, and
+//! CPU in the first minute after attach, and looks every minute were 6 % of its CPU in a
+//! 90-second SGLang load (BENCHMARKS.md). Each library file is read once: its probe sites, and
 //! what a uprobe on each costs, are kept per file.
 use std::{
     collections::HashMap,
@@ -25,8 +27,11 @@ use crate::discover::{
 
 /// Shortest wait between two looks at a process that is loading libraries.
 const LOADING_LOOK: Duration = Duration::from_millis(250);
-/// Wait before looking at a process again when it reported no library load.
+/// Wait before looking at a process again when it reported no library load; it doubles
+/// after each such look that found nothing, up to [`LONGEST_FALLBACK_LOOK`]. Only a lost
+/// report (a full ring buffer, counted) makes one find anything.
 const FALLBACK_LOOK: Duration = Duration::from_secs(64);
+const LONGEST_FALLBACK_LOOK: Duration = Duration::from_secs(1024);
 
 /// One library the agent probes: how to find it, its sites, and which of them to attach.
 pub trait Probed {
@@ -81,6 +86,8 @@ struct Waiting {
     /// changes the size: a fallback look reads the maps only when the size changed (reading
     /// them formats every mapping's path).
     size_at_last_look: Option<u64>,
+    /// The wait before the next fallback look.
+    fallback: Duration,
 }
 
 impl Waiting {
@@ -91,6 +98,7 @@ impl Waiting {
             last_look: None,
             loaded: false,
             size_at_last_look: None,
+            fallback: FALLBACK_LOOK,
         }
     }
 
@@ -112,12 +120,18 @@ impl Waiting {
         self.loaded || size.is_none() || size != self.size_at_last_look
     }
 
-    /// A look that did not find the library.
+    /// A look that did not find the library. After a reported load the fallback starts
+    /// over; after a fallback look it doubles.
     fn not_found(&mut self, now: Instant, size: Option<u64>) {
+        self.fallback = if self.loaded || self.last_look.is_none() {
+            FALLBACK_LOOK
+        } else {
+            (self.fallback * 2).min(LONGEST_FALLBACK_LOOK)
+        };
         self.size_at_last_look = size;
         self.last_look = Some(now);
         self.loaded = false;
-        self.next_look = now + FALLBACK_LOOK;
+        self.next_look = now + self.fallback;
     }
 }
 
@@ -298,5 +312,30 @@ mod tests {
         let later = second + Duration::from_secs(5);
         w.library_loaded(later);
         assert!(w.due(later));
+    }
+
+    #[test]
+    fn fallback_looks_that_find_nothing_wait_twice_as_long_each_until_a_load_is_reported() {
+        let mut at = Instant::now();
+        let mut w = Waiting::new(at);
+        w.not_found(at, Some(100));
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            let next = (1..=2048)
+                .map(|s| at + Duration::from_secs(s))
+                .find(|&t| w.due(t))
+                .unwrap();
+            waits.push((next - at).as_secs());
+            at = next;
+            w.not_found(at, Some(100));
+        }
+        assert_eq!(waits, [64, 128, 256, 512, 1024, 1024, 1024]);
+        // A reported load (looked at once: the last look is long past) starts it over.
+        let looked = at + Duration::from_secs(1);
+        w.library_loaded(looked);
+        assert!(w.due(looked));
+        w.not_found(looked, Some(100));
+        assert!(w.due(looked + FALLBACK_LOOK));
+        assert!(!w.due(looked + FALLBACK_LOOK - Duration::from_millis(1)));
     }
 }
