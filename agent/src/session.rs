@@ -303,8 +303,10 @@ pub async fn run_live(
             for target in started {
                 events.extend(follow(&mut live, node.as_ref(), target));
             }
-            // Flows complete in drain order; show each batch's messages in time order.
-            batch.sort_by_key(Decoded::start_ns);
+            // Flows complete in drain order; show each batch's messages in time order. Each
+            // key is read once: reading one reaches into the message (3 % of the agent's CPU
+            // in an SGLang load when the sort read them at every comparison).
+            batch.sort_by_cached_key(Decoded::start_ns);
             summary.messages += batch.iter().filter(|d| d.is_message()).count() as u64;
             summary.flows = flows.stats();
             summary.bad_records = live.stats.bad_records;
@@ -345,7 +347,7 @@ pub async fn run_live(
     }
     summary.count(&last_counters);
     let mut rest = flows.finish(monotonic_ns());
-    rest.sort_by_key(Decoded::start_ns);
+    rest.sort_by_cached_key(Decoded::start_ns);
     summary.messages += rest.iter().filter(|d| d.is_message()).count() as u64;
     summary.flows = flows.stats();
     sink(&rest, &summary);

@@ -349,9 +349,11 @@ pub const SSE_WRITE_MAX: usize = 1024;
 pub const SSE_CONTENT_MAX: usize = 128;
 /// Elided writes per [`SseBatchRecord`].
 pub const SSE_BATCH_LEN: usize = 32;
+/// Slots of `SSE_TEMPLATES`: processes with a stream template at once (a node's API servers).
+pub const SSE_TEMPLATE_SLOTS: u32 = 1024;
 
 /// What the writes of streamed content of a server's responses look like, for the kernel to
-/// recognise the writes that carry nothing but a piece of generated text (value of
+/// recognise the writes that carry nothing but a piece of generated text (a slot of
 /// `SSE_TEMPLATES`, per process, set by userspace from a write it decoded). A write matches
 /// when it is exactly one HTTP chunk (`size CRLF data CRLF`) whose data is: the lead, a
 /// response id (1 to [`SSE_ID_MAX`] bytes, no `"` or `\`), the prefix (which starts with the

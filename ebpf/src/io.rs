@@ -30,7 +30,7 @@ use infertrace_common::{
 use crate::{
     shared::{
         FD_CLASS, FD_DECISION, config, count, header, submit, submit_now, submit_with, syscall_arg,
-        tracked_tgid, wakeup_flags,
+        tracked_process, tracked_tgid, wakeup_flags,
     },
     sse,
 };
@@ -100,7 +100,7 @@ struct MsghdrPrefix {
 }
 
 fn on_exit(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) -> u32 {
-    let Some((tgid, tid)) = tracked_tgid() else {
+    let Some((tgid, tid, template)) = tracked_process() else {
         return 0;
     };
     // SAFETY: offset from the sys_exit_* format files.
@@ -159,7 +159,7 @@ fn on_exit(ctx: &TracePointContext, syscall: u16, direction: u8, shape: Shape) -
     if direction == direction::EGRESS {
         // A flat write's payload may be a streamed response's content (see sse.rs).
         let may_elide = shape == Shape::Flat;
-        if may_elide && sse::try_elide(&key, state, call.ptr, ret as u64, seq) {
+        if may_elide && sse::try_elide(&key, state, template, call.ptr, ret as u64, seq) {
             return 0;
         }
         if !may_elide {

@@ -48,7 +48,8 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let child = child as u32;
-    if TRACKED.insert(&child, &1, 0).is_err() {
+    // No stream template: the child serves other responses than its parent's, if any.
+    if TRACKED.insert(&child, &0, 0).is_err() {
         count(counter::MAP_FULL, 1);
     }
     emit(kind::FORK, tgid, tid, child);

@@ -14,9 +14,11 @@ use infertrace_common::{Config, Counters, FdDecision, FdKey, FdState, RecordHead
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);
 
-/// Tracked processes (tgid -> 1). Seeded by userspace; grows on fork of a tracked process.
+/// Tracked processes: tgid -> its slot in `SSE_TEMPLATES` plus one, 0 while it has no
+/// template. Seeded by userspace; grows on fork of a tracked process. The value spares a
+/// traced write a second hash lookup (the template's), an array index instead.
 #[map]
-pub static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 
 /// What to do with each (tgid, fd) of a tracked process, plus per-direction sequence numbers.
 #[map]
@@ -52,13 +54,19 @@ pub fn set_own_entry<K, V>(map: &LruHashMap<K, V>, key: &K, value: V) {
     }
 }
 
-/// Current process's tgid if it is tracked.
+/// Current process's tgid and thread id if it is tracked.
 #[inline(always)]
 pub fn tracked_tgid() -> Option<(u32, u32)> {
+    tracked_process().map(|(tgid, tid, _)| (tgid, tid))
+}
+
+/// Current process's tgid, thread id and `TRACKED` value if it is tracked.
+#[inline(always)]
+pub fn tracked_process() -> Option<(u32, u32, u32)> {
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
-    // SAFETY: the value is only checked for presence.
-    unsafe { TRACKED.get(&tgid) }.map(|_| (tgid, id as u32))
+    // SAFETY: the value is copied out at once.
+    unsafe { TRACKED.get(&tgid) }.map(|&value| (tgid, id as u32, value))
 }
 
 /// The tracked process's tgid when the current task is its main thread. Other threads leave

@@ -4,9 +4,10 @@
 //! one SSE event (`data: {...}`) that differs from the previous one in its content only. Of
 //! those writes the agent needs when each happened (time to first token, inter-token times,
 //! tokens streamed), not their bytes, unless it is to export the text. Once userspace has
-//! decoded one such write of a server it puts the server's template in `SSE_TEMPLATES`
-//! (`infertrace_common::SseTemplate`: the bytes around the content, a response's id and
-//! creation time left open). A later write of that process that matches it is not copied:
+//! decoded one such write of a server it puts the server's template in a slot of
+//! `SSE_TEMPLATES` (`infertrace_common::SseTemplate`: the bytes around the content, a
+//! response's id and creation time left open) and the slot in the process's `TRACKED` entry.
+//! A later write of that process that matches it is not copied:
 //! its sequence number, time and size go into the fd's batch in `SSE_BATCHES`, sent as one
 //! SSE_BATCH record when full, and before any other record of the fd (so userspace still sees
 //! the fd's syscalls in order) or its close. Every other write,
@@ -17,18 +18,21 @@
 use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_user_buf},
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
 };
 use infertrace_common::{
-    ElidedWrite, FdKey, FdState, SSE_BATCH_LEN, SSE_WRITE_MAX, SseBatchRecord, SseTemplate,
-    SseWriteBuf, counter, kind,
+    ElidedWrite, FdKey, FdState, SSE_BATCH_LEN, SSE_TEMPLATE_SLOTS, SSE_WRITE_MAX, SseBatchRecord,
+    SseTemplate, SseWriteBuf, counter, kind,
 };
 
 use crate::shared::{config, count, header, submit_with, wakeup_flags};
 
-/// Userspace's template per process (tgid), removed when it exits.
+/// Userspace's templates, each process's at the slot its `TRACKED` value names. A slot is
+/// written before a process is pointed at it, and written again only once userspace has used
+/// every other free slot since (`agent/src/capture/template_slots.rs`): long after any program
+/// run that read it has ended.
 #[map]
-static SSE_TEMPLATES: HashMap<u32, SseTemplate> = HashMap::with_max_entries(4096, 0);
+static SSE_TEMPLATES: Array<SseTemplate> = Array::with_max_entries(SSE_TEMPLATE_SLOTS, 0);
 
 /// Elided writes not yet sent, per fd; an entry lives while its stream has some.
 #[map]
@@ -63,14 +67,22 @@ fn forget_value(value: usize) -> usize {
 /// Bytes of a batch record before its entries.
 const BATCH_HEAD: usize = core::mem::offset_of!(SseBatchRecord, entries);
 
-/// If a template is set for the process and the write at `ptr` of `len` bytes matches it,
-/// as the fd's previous write did, add the write to the fd's batch and return true (nothing
-/// else is to be copied of it). A response's first matching write is copied whole: it is the
-/// one that tells userspace the response's id (a completion's writes all carry content).
-pub fn try_elide(key: &FdKey, state: &mut FdState, ptr: u64, len: u64, seq: u64) -> bool {
+/// If a template is set for the process (`template`: its `TRACKED` value) and the write at
+/// `ptr` of `len` bytes matches it, as the fd's previous write did, add the write to the fd's
+/// batch and return true (nothing else is to be copied of it). A response's first matching
+/// write is copied whole: it is the one that tells userspace the response's id (a
+/// completion's writes all carry content).
+pub fn try_elide(
+    key: &FdKey,
+    state: &mut FdState,
+    template: u32,
+    ptr: u64,
+    len: u64,
+    seq: u64,
+) -> bool {
     let matched = state.sse_matched != 0;
     state.sse_matched = 0;
-    let Some(content) = match_template(key, ptr, len) else {
+    let Some(content) = match_template(template, ptr, len) else {
         return false;
     };
     state.sse_matched = 1;
@@ -81,15 +93,15 @@ pub fn try_elide(key: &FdKey, state: &mut FdState, ptr: u64, len: u64, seq: u64)
     true
 }
 
-/// The content length of the write at `ptr` of `len` bytes when it matches its process's
-/// template.
-fn match_template(key: &FdKey, ptr: u64, len: u64) -> Option<usize> {
-    if len as usize > SSE_WRITE_MAX {
+/// The content length of the write at `ptr` of `len` bytes when it matches the template at
+/// slot `template` - 1 (none: 0).
+fn match_template(template: u32, ptr: u64, len: u64) -> Option<usize> {
+    if template == 0 || len as usize > SSE_WRITE_MAX {
         return None;
     }
-    // SAFETY: the value is read in place while this program runs; userspace replaces
-    // entries whole (a hash map update swaps in a new element).
-    let template = unsafe { SSE_TEMPLATES.get(&key.tgid) }?;
+    // Read in place while this program runs: userspace does not rewrite a slot that a
+    // process was pointed at until long after (see SSE_TEMPLATES).
+    let template = SSE_TEMPLATES.get(template - 1)?;
     let buf = WRITE_BUF.get_ptr_mut(0)?;
     // SAFETY: per-CPU scratch value, used by this program invocation only.
     let buf = unsafe { &mut *buf };

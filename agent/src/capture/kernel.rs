@@ -20,12 +20,16 @@ use aya::{
     },
 };
 use infertrace_common::{
-    Config, Counters, FdDecision, FdKey, FdState, FileOffsets, PyProcess, PyStack, SseTemplate,
-    counter, cuda_fn,
+    Config, Counters, FdDecision, FdKey, FdState, FileOffsets, PyProcess, PyStack,
+    SSE_TEMPLATE_SLOTS, SseTemplate, counter, cuda_fn,
 };
 
-use super::{cuda_watch::CudaOptions, python_watch::PythonOptions};
+use super::{cuda_watch::CudaOptions, python_watch::PythonOptions, template_slots::TemplateSlots};
 use crate::discover::{btf, uprobe_sites::ProbeSite};
+
+/// `bpf_map_update_elem`'s flag: update an entry that exists, never add one
+/// (include/uapi/linux/bpf.h).
+const BPF_EXIST: u64 = 2;
 
 /// The uprobe programs of every CUDA driver site: the entry, and the return where it matters.
 const CUDA_ENTER: &str = "cuda_enter";
@@ -136,10 +140,12 @@ pub struct KernelCapture {
     /// Python processes the sampler walks, and the stacks it interned (read on first use).
     python: Option<PythonMaps>,
     ring: RingBuf<MapData>,
-    tracked: HashMap<MapData, u32, u8>,
+    /// tgid -> its slot in `sse_templates` plus one (0: none).
+    tracked: HashMap<MapData, u32, u32>,
     fd_class: HashMap<MapData, FdKey, FdState>,
     fd_decision: HashMap<MapData, FdKey, FdDecision>,
-    sse_templates: HashMap<MapData, u32, SseTemplate>,
+    sse_templates: Array<MapData, SseTemplate>,
+    template_slots: TemplateSlots,
     counters: PerCpuArray<MapData, Counters>,
 }
 
@@ -196,7 +202,7 @@ impl KernelCapture {
             ebpf.take_map("FD_DECISION")
                 .context("FD_DECISION missing")?,
         )?;
-        let sse_templates = HashMap::try_from(
+        let sse_templates = Array::try_from(
             ebpf.take_map("SSE_TEMPLATES")
                 .context("SSE_TEMPLATES missing")?,
         )?;
@@ -204,6 +210,7 @@ impl KernelCapture {
             PerCpuArray::try_from(ebpf.take_map("COUNTERS").context("COUNTERS missing")?)?;
         Ok(Self {
             sse_templates,
+            template_slots: TemplateSlots::new(SSE_TEMPLATE_SLOTS),
             ebpf,
             uprobes_loaded: HashSet::new(),
             uprobe_links: StdHashMap::new(),
@@ -217,10 +224,14 @@ impl KernelCapture {
         })
     }
 
-    /// Start tracing a process (its children are added by the kernel as they fork).
+    /// Start tracing a process (its children are added by the kernel as they fork). One
+    /// tracked already keeps its entry (and its stream template).
     pub fn track(&mut self, tgid: u32) -> anyhow::Result<()> {
+        if self.tracked.get(&tgid, 0).is_ok() {
+            return Ok(());
+        }
         self.tracked
-            .insert(tgid, 1, 0)
+            .insert(tgid, 0, 0)
             .with_context(|| format!("adding pid {tgid} to the tracked set"))
     }
 
@@ -253,16 +264,28 @@ impl KernelCapture {
     pub fn forget_process(&mut self, tgid: u32) {
         remove_process_keys(&mut self.fd_class, tgid);
         remove_process_keys(&mut self.fd_decision, tgid);
-        // Gone already when it never streamed.
-        let _ = self.sse_templates.remove(&tgid);
+        self.template_slots.release(tgid);
     }
 
     /// Let the kernel report the writes of process `tgid` that match `template` by time and
-    /// size only (ebpf/src/sse.rs). A full map leaves them copied.
+    /// size only (ebpf/src/sse.rs): the template goes to a free slot, then the process's
+    /// entry is pointed at it. With no slot free, or the process gone, its writes stay copied.
     pub fn set_sse_template(&mut self, tgid: u32, template: &SseTemplate) -> anyhow::Result<()> {
+        let slot = self.template_slots.free_slot().with_context(|| {
+            format!(
+                "no room for the stream template of pid {tgid} ({SSE_TEMPLATE_SLOTS} processes \
+                 hold one)"
+            )
+        })?;
         self.sse_templates
-            .insert(tgid, *template, 0)
-            .with_context(|| format!("setting the stream template of pid {tgid}"))
+            .set(slot, *template, 0)
+            .with_context(|| format!("setting the stream template of pid {tgid}"))?;
+        // BPF_EXIST: a process that has exited meanwhile is not tracked again.
+        self.tracked
+            .insert(tgid, slot + 1, BPF_EXIST)
+            .with_context(|| format!("pointing pid {tgid} at its stream template"))?;
+        self.template_slots.hold(tgid, slot);
+        Ok(())
     }
 
     /// Attach the CUDA probes to `sites` of the driver library at `driver` (a path this process

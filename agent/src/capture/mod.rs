@@ -10,6 +10,7 @@ pub mod pickle_watch;
 pub mod python_watch;
 pub mod recording;
 pub mod records;
+pub mod template_slots;
 pub mod zmq_watch;
 
 use serde::{Deserialize, Serialize};
