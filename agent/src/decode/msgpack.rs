@@ -92,8 +92,9 @@ pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackEr
     })
 }
 
-/// A msgpack value read in place: checked whole once ([`Lazy::read`]), then its parts are
-/// looked at where they lie, with nothing built or copied. vLLM's per-step messages were read
+/// A msgpack value read in place: checked whole once ([`Lazy::read`]; or item by item as it
+/// is read, [`Lazy::unchecked`]), then its parts are looked at where they lie, with nothing
+/// built or copied. vLLM's per-step messages were read
 /// into a value tree (a vector per array, a string per id) only to pick fields out of it:
 /// building and dropping the tree was most of their decoding. The default is an empty value,
 /// read as nil.
@@ -101,6 +102,9 @@ pub fn read_value(rest: &mut &[u8], max_depth: usize) -> Result<Value, MsgpackEr
 pub struct Lazy<'a> {
     /// Starts at the value's marker; the value may end before the slice does.
     bytes: &'a [u8],
+    /// How deep the value may nest ([`read_value`]'s `max_depth`): its items are read with
+    /// what is left of it, so that a value read unchecked is bounded as a checked one is.
+    depth: usize,
 }
 
 impl<'a> Lazy<'a> {
@@ -109,7 +113,21 @@ impl<'a> Lazy<'a> {
     pub fn read(rest: &mut &'a [u8], max_depth: usize) -> Result<Self, MsgpackError> {
         let bytes = *rest;
         skip(rest, max_depth)?;
-        Ok(Lazy { bytes })
+        Ok(Lazy {
+            bytes,
+            depth: max_depth,
+        })
+    }
+
+    /// The value at the start of `bytes`, not walked first: each item is checked as it is read
+    /// (nested at most `max_depth` deep, as [`Lazy::read`] counts it), and a reader that must
+    /// reject what [`Lazy::read`] rejects reads every item and checks [`Items::failed`] and
+    /// what follows. Spares a message read whole the walk that checks it first.
+    pub fn unchecked(bytes: &'a [u8], max_depth: usize) -> Self {
+        Lazy {
+            bytes,
+            depth: max_depth,
+        }
     }
 
     fn marker(self) -> Marker {
@@ -200,24 +218,39 @@ impl<'a> Lazy<'a> {
     /// An array's items.
     pub fn as_array(self) -> Option<Items<'a>> {
         let (left, rest) = self.sized(Kind::Array)?;
-        Some(Items { rest, left })
+        Some(Items {
+            rest,
+            left,
+            depth: self.item_depth()?,
+            failed: false,
+        })
     }
 
     /// A map's entries.
     pub fn as_map(self) -> Option<LazyMap<'a>> {
         let (len, rest) = self.sized(Kind::Map)?;
-        Some(LazyMap { rest, len })
+        Some(LazyMap {
+            rest,
+            len,
+            depth: self.item_depth()?,
+        })
     }
 
-    /// What follows the value, found by walking it (it was checked whole when it was read).
+    /// How deep a container's items may nest: a level for the value, one for the container
+    /// (as [`skip`] counts them).
+    fn item_depth(self) -> Option<usize> {
+        self.depth.checked_sub(2)
+    }
+
+    /// What follows the value, found by walking it; an empty slice when it is not whole.
     pub fn after(self) -> &'a [u8] {
         let mut rest = self.bytes;
-        skip(&mut rest, usize::MAX).map_or(&[], |()| rest)
+        skip(&mut rest, self.depth).map_or(&[], |()| rest)
     }
 
     /// The value as an `rmpv::Value` (for the rare field that is shown as it is).
     pub fn to_value(self) -> Value {
-        read_value(&mut &self.bytes[..], usize::MAX).unwrap_or(Value::Nil)
+        read_value(&mut &self.bytes[..], self.depth).unwrap_or(Value::Nil)
     }
 }
 
@@ -226,6 +259,10 @@ impl<'a> Lazy<'a> {
 pub struct Items<'a> {
     rest: &'a [u8],
     left: usize,
+    /// How deep each item may nest.
+    depth: usize,
+    /// An item was not whole (only in a value read unchecked): no item is left.
+    failed: bool,
 }
 
 impl<'a> Iterator for Items<'a> {
@@ -233,8 +270,14 @@ impl<'a> Iterator for Items<'a> {
 
     fn next(&mut self) -> Option<Lazy<'a>> {
         self.left = self.left.checked_sub(1)?;
-        // The whole value was checked when it was read: the depth is bounded already.
-        Lazy::read(&mut self.rest, usize::MAX).ok()
+        match Lazy::read(&mut self.rest, self.depth) {
+            Ok(item) => Some(item),
+            Err(_) => {
+                self.left = 0;
+                self.failed = true;
+                None
+            }
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -250,6 +293,12 @@ impl<'a> Items<'a> {
         self.rest
     }
 
+    /// Whether the items ended early at one that is not whole (only in a value read
+    /// [`Lazy::unchecked`]).
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
     /// The next item as `read` reads it. `read` also gives what follows the item (a tail of
     /// the bytes it was handed: an array's [`Items::rest`] once its items are all read), so
     /// that moving past the item does not walk it a second time, as [`Iterator::next`] does.
@@ -259,7 +308,11 @@ impl<'a> Items<'a> {
         read: impl FnOnce(Lazy<'a>) -> Result<(T, &'a [u8]), E>,
     ) -> Option<Result<T, E>> {
         self.left = self.left.checked_sub(1)?;
-        Some(match read(Lazy { bytes: self.rest }) {
+        let item = Lazy {
+            bytes: self.rest,
+            depth: self.depth,
+        };
+        Some(match read(item) {
             Ok((value, rest)) => {
                 debug_assert!(rest.len() <= self.rest.len(), "not a tail of the item");
                 self.rest = rest;
@@ -267,6 +320,7 @@ impl<'a> Items<'a> {
             }
             Err(e) => {
                 self.left = 0;
+                self.failed = true;
                 Err(e)
             }
         })
@@ -278,6 +332,8 @@ impl<'a> Items<'a> {
 pub struct LazyMap<'a> {
     rest: &'a [u8],
     len: usize,
+    /// How deep each key and value may nest.
+    depth: usize,
 }
 
 impl<'a> LazyMap<'a> {
@@ -286,6 +342,8 @@ impl<'a> LazyMap<'a> {
         let mut items = Items {
             rest: self.rest,
             left: self.len.saturating_mul(2),
+            depth: self.depth,
+            failed: false,
         };
         std::iter::from_fn(move || Some((items.next()?, items.next()?)))
     }

@@ -12,7 +12,7 @@
 //! expected table is tried against the others (see [`VllmDecoder`]), so a wrong version guess is
 //! noticed and counted instead of producing wrong numbers.
 use crate::{
-    decode::msgpack::{Lazy, LazyMap},
+    decode::msgpack::{Items, Lazy, LazyMap, MsgpackError},
     engines::common::pd_role::PdRole,
 };
 
@@ -362,8 +362,10 @@ impl VllmDecoder {
         let kind = RequestType::from_byte(*kind)?;
         let body = frames.get(1)?;
         Some(match kind {
-            RequestType::Add => self.with_layout(body, |schema, v| {
-                add(&schema.request, v).map(|r| InputMessage::Add(Box::new(r)))
+            RequestType::Add => parse(body).and_then(|value| {
+                self.with_layout(value, |schema, v| {
+                    add(&schema.request, v).map(|r| InputMessage::Add(Box::new(r)))
+                })
             }),
             RequestType::Abort => parse(body).and_then(|v| {
                 let ids = v
@@ -386,17 +388,20 @@ impl VllmDecoder {
         }
         // vLLM numbers buffers over the whole message: index 0 is this frame, aux buffers
         // (large arrays sent out of band) are frames[1..] under their own index.
-        Some(self.with_layout(first, |schema, v| outputs(&schema.output, v, frames)))
+        // Read unchecked: `outputs` reads every byte of it, checking each item as it goes (the
+        // walk that checked it first was a tenth of the agent's time on vLLM's steps).
+        let value = Lazy::unchecked(first, MAX_DEPTH);
+        let decoded = self.with_layout(value, |schema, v| outputs(&schema.output, v, frames));
+        Some(decoded.map_err(|e| as_checked(first, e)))
     }
 
-    /// Decode `bytes` with the current table, else with the first other table that fits (and
+    /// Decode `value` with the current table, else with the first other table that fits (and
     /// keep using that one).
-    fn with_layout<T>(
+    fn with_layout<'a, T>(
         &mut self,
-        bytes: &[u8],
-        decode: impl for<'a> Fn(&'static Schema, Lazy<'a>) -> Result<T, VllmError>,
+        value: Lazy<'a>,
+        decode: impl Fn(&'static Schema, Lazy<'a>) -> Result<T, VllmError>,
     ) -> Result<T, VllmError> {
-        let value = parse(bytes)?;
         let first_error = match decode(self.schema, value) {
             Ok(v) => return Ok(v),
             Err(e) => e,
@@ -422,12 +427,20 @@ fn parse(bytes: &[u8]) -> Result<Lazy<'_>, VllmError> {
     let mut rest = bytes;
     let value = Lazy::read(&mut rest, MAX_DEPTH).map_err(|e| VllmError::Msgpack(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(VllmError::Msgpack(format!(
-            "{} bytes after the value",
-            rest.len()
-        )));
+        return Err(after_the_value(rest));
     }
     Ok(value)
+}
+
+/// The error of a message read [`Lazy::unchecked`], as a check first would have given it: a
+/// message that is not whole msgpack is said to be so (read unchecked, it can fail first on a
+/// part that looks out of place).
+fn as_checked(bytes: &[u8], error: VllmError) -> VllmError {
+    parse(bytes).err().unwrap_or(error)
+}
+
+fn after_the_value(rest: &[u8]) -> VllmError {
+    VllmError::Msgpack(format!("{} bytes after the value", rest.len()))
 }
 
 /// Positional field `i`, None when left out (trailing default) or nil.
@@ -489,7 +502,16 @@ fn fields_to_end<'a>(
     let mut items = value.as_array().ok_or(VllmError::Layout(what))?;
     let mut fields = Fields::new();
     items.by_ref().for_each(|item| fields.push(item));
+    whole(&items)?;
     Ok((fields, items.rest()))
+}
+
+/// An error when an array read [`Lazy::unchecked`] ended early at an item that is not whole.
+fn whole(items: &Items<'_>) -> Result<(), VllmError> {
+    if items.failed() {
+        return Err(VllmError::Msgpack(MsgpackError::Truncated.to_string()));
+    }
+    Ok(())
 }
 
 /// Typed positional field: absent/nil is `Ok(None)`, a value of another type is a layout error.
@@ -616,6 +638,7 @@ fn outputs(
     frames: &[Vec<u8>],
 ) -> Result<EngineOutputs, VllmError> {
     // The request outputs, most of the message, are read in the walk that moves past them.
+    // The message comes unchecked: every item is read, and nothing may follow it.
     let mut items = value
         .as_array()
         .ok_or(VllmError::Layout("EngineCoreOutputs is not an array"))?;
@@ -627,7 +650,11 @@ fn outputs(
         .unwrap_or_default();
     // Field 1, read above: nil here.
     f.push(Lazy::default());
-    items.for_each(|item| f.push(item));
+    items.by_ref().for_each(|item| f.push(item));
+    whole(&items)?;
+    if !items.rest().is_empty() {
+        return Err(after_the_value(items.rest()));
+    }
     let f = &f;
     let engine_index = typed(f, 0, Lazy::as_u64, "engine_index is not an int")?.unwrap_or(0);
     let scheduler_stats =
@@ -1315,6 +1342,68 @@ mod tests {
                 assert!(i < MAX_FIELDS, "{}: field {i}", schema.name);
             }
         }
+    }
+
+    /// An output message read unchecked gives what one checked whole first gives: the same
+    /// outputs, or an error, for every cut and every corrupted byte of a real-shaped message,
+    /// trailing bytes, and a nesting bomb inside an output (refused, not walked to its end).
+    #[test]
+    fn outputs_read_unchecked_match_outputs_checked_whole_first() {
+        let schema = v0_14();
+        let msg = enc(&outputs_msg(
+            vec![
+                output_v14("r-1", Value::Nil, prefill_stats()),
+                output_v14("r-2", Value::from(1), Value::Nil),
+            ],
+            scheduler_stats_v14(),
+        ));
+        let unchecked = |bytes: &[u8]| {
+            outputs(
+                &schema.output,
+                Lazy::unchecked(bytes, MAX_DEPTH),
+                &[bytes.to_vec()],
+            )
+            .map_err(|e| as_checked(bytes, e))
+        };
+        let checked =
+            |bytes: &[u8]| parse(bytes).and_then(|v| outputs(&schema.output, v, &[bytes.to_vec()]));
+        let same = |bytes: &[u8]| match (unchecked(bytes), checked(bytes)) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b),
+            (Err(a), Err(b)) => assert_eq!(
+                std::mem::discriminant(&a),
+                std::mem::discriminant(&b),
+                "{a} / {b} for {bytes:02x?}"
+            ),
+            (a, b) => panic!("unchecked {a:?}, checked {b:?} for {bytes:02x?}"),
+        };
+        assert!(unchecked(&msg).is_ok());
+        let mut variants = (0..msg.len())
+            .map(|n| msg[..n].to_vec())
+            .collect::<Vec<_>>();
+        for at in 0..msg.len() {
+            for byte in [
+                0x00, 0x7f, 0x90, 0x9f, 0xc0, 0xc1, 0xcc, 0xd9, 0xdc, 0xdd, 0xff,
+            ] {
+                let mut corrupted = msg.clone();
+                corrupted[at] = byte;
+                variants.push(corrupted);
+            }
+        }
+        let mut trailing = msg.clone();
+        trailing.push(0xc0);
+        variants.push(trailing);
+        for bytes in &variants {
+            same(bytes);
+        }
+        // A nesting bomb as an output's second field: [0, [["r-1", [[[...nil]]]]], nil, 1.0].
+        let mut with_bomb = vec![0x94, 0x00, 0x91, 0x92];
+        with_bomb.extend(enc(&Value::from("r-1")));
+        with_bomb.extend(vec![0x91; 100_000]);
+        with_bomb.push(0xc0);
+        with_bomb.push(0xc0);
+        with_bomb.extend(enc(&Value::F64(1.0)));
+        assert!(unchecked(&with_bomb).is_err());
+        same(&with_bomb);
     }
 
     #[test]
