@@ -4,10 +4,7 @@ use super::{
     metrics::{MetricDef, Registry},
     span::Attributes,
 };
-use crate::{
-    decode::python::PySample,
-    engines::common::{iteration_work::IterationSamples, well_known::SampleKind},
-};
+use crate::engines::common::{iteration_work::IterationSamples, well_known::SampleKind};
 
 pub const PYTHON_SAMPLES: MetricDef = MetricDef::counter(
     "infertrace_python_samples_total",
@@ -17,14 +14,14 @@ pub const PYTHON_SAMPLES: MetricDef = MetricDef::counter(
                   the stack; `native`: no Python frames; `unknown`: the stack's names were lost).",
 );
 
-/// Count one sample under its process, thread name and phase.
-pub fn count(r: &mut Registry, sample: &PySample, kind: SampleKind) {
+/// Count `samples` samples of process `tgid`'s thread named `thread` in phase `kind`.
+pub fn count(r: &mut Registry, tgid: u32, thread: &str, kind: SampleKind, samples: u32) {
     let dims = vec![
-        ("pid", sample.tgid.to_string()),
-        ("thread", sample.thread.clone()),
+        ("pid", tgid.to_string()),
+        ("thread", thread.to_owned()),
         ("phase", kind.label().to_string()),
     ];
-    r.add(&PYTHON_SAMPLES, dims, 1.0);
+    r.add(&PYTHON_SAMPLES, dims, f64::from(samples));
 }
 
 /// infertrace's own attributes (not the spec's) on an engine iteration's event or span: how
@@ -44,7 +41,7 @@ pub fn iteration_attributes(a: &mut Attributes, samples: &IterationSamples) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engines::common::well_known::stack;
+    use crate::{decode::python::PySample, engines::common::well_known::stack};
 
     #[test]
     fn samples_are_counted_by_thread_and_phase() {
@@ -65,8 +62,9 @@ mod tests {
             &[],
         ] {
             let s = sample(frames);
-            count(&mut r, &s, SampleKind::of(&s.stack));
+            count(&mut r, s.tgid, &s.thread, SampleKind::of(&s.stack), 1);
         }
+        count(&mut r, 5, "VLLM::EngineCor", SampleKind::Native, 2);
         let get = |phase| {
             r.value(
                 "infertrace_python_samples_total",
@@ -79,6 +77,6 @@ mod tests {
         };
         assert_eq!(get("model execution"), Some(1.0));
         assert_eq!(get("other"), Some(1.0));
-        assert_eq!(get("native"), Some(1.0));
+        assert_eq!(get("native"), Some(3.0));
     }
 }
