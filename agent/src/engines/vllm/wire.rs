@@ -389,7 +389,7 @@ impl VllmDecoder {
         // vLLM numbers buffers over the whole message: index 0 is this frame, aux buffers
         // (large arrays sent out of band) are frames[1..] under their own index.
         // Read unchecked: `outputs` reads every byte of it, checking each item as it goes (the
-        // walk that checked it first was a tenth of the agent's time on vLLM's steps).
+        // walk that checked it first was about 5 % of the agent's CPU on vLLM's loads).
         let value = Lazy::unchecked(first, MAX_DEPTH);
         let decoded = self.with_layout(value, |schema, v| outputs(&schema.output, v, frames));
         Some(decoded.map_err(|e| as_checked(first, e)))
