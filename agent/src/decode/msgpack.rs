@@ -354,6 +354,28 @@ impl<'a> LazyMap<'a> {
             .find(|(k, _)| k.as_str() == Some(key))
             .map(|(_, v)| v)
     }
+
+    /// [`LazyMap::get`] of each of `keys`, in one walk over the entries (a `get` each walks
+    /// them again: a request's sampling parameters are a map of some 30 entries).
+    pub fn get_all<const N: usize>(self, keys: [&str; N]) -> [Option<Lazy<'a>>; N] {
+        let mut found = [None; N];
+        let mut left = N;
+        for (k, v) in self.entries() {
+            let Some(key) = k.as_str() else {
+                continue;
+            };
+            if let Some(i) = keys.iter().position(|&wanted| wanted == key)
+                && found[i].is_none()
+            {
+                found[i] = Some(v);
+                left -= 1;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        found
+    }
 }
 
 /// Move past the value at the start of `rest`, nested at most `max_depth` deep as
@@ -623,6 +645,9 @@ mod tests {
                 for (key, value) in entries {
                     if let Some(key) = key.as_str() {
                         shows(map.get(key).expect("found"), value);
+                        let [found, absent] = map.get_all([key, "no such key"]);
+                        shows(found.expect("found in one walk"), value);
+                        assert!(absent.is_none());
                     }
                 }
                 assert!(map.get("no such key").is_none());
@@ -630,6 +655,28 @@ mod tests {
             (None, None) => {}
             other => panic!("map or not: {other:?}"),
         }
+    }
+
+    #[test]
+    fn get_all_finds_each_key_as_get_does_in_one_walk() {
+        let map = Value::Map(vec![
+            (Value::from("a"), Value::from(1)),
+            (Value::from(7), Value::from(3)),
+            (Value::from("b"), Value::Nil),
+            (Value::from("a"), Value::from(2)),
+        ]);
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &map).unwrap();
+        let map = Lazy::read(&mut &bytes[..], 16).unwrap().as_map().unwrap();
+        let [b, a, c] = map.get_all(["b", "a", "c"]);
+        assert!(b.expect("a nil value is found").is_nil());
+        // The first entry of a key, as `get` finds it.
+        assert_eq!(a.and_then(Lazy::as_u64), Some(1));
+        assert_eq!(
+            a.and_then(Lazy::as_u64),
+            map.get("a").and_then(Lazy::as_u64)
+        );
+        assert!(c.is_none());
     }
 
     /// What [`Lazy::read`] accepts, and the bytes it leaves.

@@ -593,20 +593,29 @@ fn number(v: Lazy<'_>) -> Option<f64> {
     v.as_float().or_else(|| v.as_i64().map(|i| i as f64))
 }
 
-fn sampling(map: LazyMap<'_>) -> Sampling {
+fn sampling<'a>(map: LazyMap<'a>) -> Sampling {
     let d = Sampling::default();
-    let get = |key| entry(map, key);
+    let [n, temperature, top_p, top_k, max_tokens, logprobs] = map.get_all([
+        "n",
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_tokens",
+        "logprobs",
+    ]);
+    // A nil value is left out, as `entry` leaves it.
+    let set = |v: Option<Lazy<'a>>| v.filter(|v| !v.is_nil());
     Sampling {
-        n: get("n").and_then(Lazy::as_u64).unwrap_or(d.n),
-        temperature: get("temperature").and_then(number).unwrap_or(d.temperature),
-        top_p: get("top_p").and_then(number).unwrap_or(d.top_p),
-        top_k: get("top_k").and_then(Lazy::as_i64).unwrap_or(d.top_k),
+        n: set(n).and_then(Lazy::as_u64).unwrap_or(d.n),
+        temperature: set(temperature).and_then(number).unwrap_or(d.temperature),
+        top_p: set(top_p).and_then(number).unwrap_or(d.top_p),
+        top_k: set(top_k).and_then(Lazy::as_i64).unwrap_or(d.top_k),
         // Left out means the default (16); an explicit nil means no limit.
-        max_tokens: match map.get("max_tokens") {
+        max_tokens: match max_tokens {
             None => d.max_tokens,
             Some(v) => v.as_u64(),
         },
-        logprobs: get("logprobs").and_then(Lazy::as_u64),
+        logprobs: set(logprobs).and_then(Lazy::as_u64),
     }
 }
 
@@ -792,26 +801,40 @@ fn event(value: Lazy<'_>) -> Result<EngineEvent, VllmError> {
 }
 
 fn scheduler_stats(map: LazyMap<'_>) -> SchedulerStats {
-    let int = |key| entry(map, key).and_then(Lazy::as_u64);
+    let [
+        running,
+        waiting,
+        kv_cache_usage,
+        gpu_cache_usage,
+        prefix_cache,
+        step_counter,
+    ] = map
+        .get_all([
+            "num_running_reqs",
+            "num_waiting_reqs",
+            "kv_cache_usage",
+            "gpu_cache_usage",
+            "prefix_cache_stats",
+            "step_counter",
+        ])
+        .map(|v| v.filter(|v| !v.is_nil()));
     SchedulerStats {
-        num_running_reqs: int("num_running_reqs").unwrap_or(0),
-        num_waiting_reqs: int("num_waiting_reqs").unwrap_or(0),
-        kv_cache_usage: entry(map, "kv_cache_usage")
-            .or_else(|| entry(map, "gpu_cache_usage"))
+        num_running_reqs: running.and_then(Lazy::as_u64).unwrap_or(0),
+        num_waiting_reqs: waiting.and_then(Lazy::as_u64).unwrap_or(0),
+        kv_cache_usage: kv_cache_usage
+            .or(gpu_cache_usage)
             .and_then(Lazy::as_float)
             .unwrap_or(0.0),
-        prefix_cache: entry(map, "prefix_cache_stats")
-            .and_then(Lazy::as_map)
-            .map(|m| {
-                let int = |key| entry(m, key).and_then(Lazy::as_u64).unwrap_or(0);
-                PrefixCacheStats {
-                    reset: entry(m, "reset").and_then(Lazy::as_bool).unwrap_or(false),
-                    requests: int("requests"),
-                    queries: int("queries"),
-                    hits: int("hits"),
-                }
-            }),
-        step_counter: int("step_counter"),
+        prefix_cache: prefix_cache.and_then(Lazy::as_map).map(|m| {
+            let int = |key| entry(m, key).and_then(Lazy::as_u64).unwrap_or(0);
+            PrefixCacheStats {
+                reset: entry(m, "reset").and_then(Lazy::as_bool).unwrap_or(false),
+                requests: int("requests"),
+                queries: int("queries"),
+                hits: int("hits"),
+            }
+        }),
+        step_counter: step_counter.and_then(Lazy::as_u64),
     }
 }
 
