@@ -10,8 +10,8 @@ use std::collections::HashMap;
 pub struct TemplateSlots {
     /// Each process's slot.
     held: HashMap<u32, u32>,
-    /// Who holds each slot.
-    holder: Vec<Option<u32>>,
+    /// Whether each slot is held.
+    taken: Vec<bool>,
     /// Where the search for the next free slot starts.
     next: usize,
 }
@@ -20,7 +20,7 @@ impl TemplateSlots {
     pub fn new(slots: u32) -> Self {
         Self {
             held: HashMap::new(),
-            holder: vec![None; slots as usize],
+            taken: vec![false; slots as usize],
             next: 0,
         }
     }
@@ -29,10 +29,10 @@ impl TemplateSlots {
     /// None when all are held. A process's former slot stays held until it holds the new one
     /// ([`TemplateSlots::hold`]): the kernel may read it until then.
     pub fn free_slot(&self) -> Option<u32> {
-        let n = self.holder.len();
+        let n = self.taken.len();
         (0..n)
             .map(|i| (self.next + i) % n)
-            .find(|&slot| self.holder[slot].is_none())
+            .find(|&slot| !self.taken[slot])
             .map(|slot| slot as u32)
     }
 
@@ -40,16 +40,16 @@ impl TemplateSlots {
     /// is given back.
     pub fn hold(&mut self, tgid: u32, slot: u32) {
         if let Some(former) = self.held.insert(tgid, slot) {
-            self.holder[former as usize] = None;
+            self.taken[former as usize] = false;
         }
-        self.holder[slot as usize] = Some(tgid);
-        self.next = (slot as usize + 1) % self.holder.len();
+        self.taken[slot as usize] = true;
+        self.next = (slot as usize + 1) % self.taken.len();
     }
 
     /// Process `tgid` has exited: its slot is given back.
     pub fn release(&mut self, tgid: u32) {
         if let Some(slot) = self.held.remove(&tgid) {
-            self.holder[slot as usize] = None;
+            self.taken[slot as usize] = false;
         }
     }
 }

@@ -527,9 +527,14 @@ fn typed<'a, T>(
     }
 }
 
-/// Map entry by string key.
+/// Map entry by string key (nil: absent).
 fn entry<'a>(map: LazyMap<'a>, key: &str) -> Option<Lazy<'a>> {
-    map.get(key).filter(|v| !v.is_nil())
+    present(map.get(key))
+}
+
+/// A value found, unless it is nil (which vLLM sends for a field left unset).
+fn present(value: Option<Lazy<'_>>) -> Option<Lazy<'_>> {
+    value.filter(|v| !v.is_nil())
 }
 
 fn add(layout: &RequestLayout, value: Lazy<'_>) -> Result<EngineRequest, VllmError> {
@@ -593,7 +598,7 @@ fn number(v: Lazy<'_>) -> Option<f64> {
     v.as_float().or_else(|| v.as_i64().map(|i| i as f64))
 }
 
-fn sampling<'a>(map: LazyMap<'a>) -> Sampling {
+fn sampling(map: LazyMap<'_>) -> Sampling {
     let d = Sampling::default();
     let [n, temperature, top_p, top_k, max_tokens, logprobs] = map.get_all([
         "n",
@@ -603,19 +608,19 @@ fn sampling<'a>(map: LazyMap<'a>) -> Sampling {
         "max_tokens",
         "logprobs",
     ]);
-    // A nil value is left out, as `entry` leaves it.
-    let set = |v: Option<Lazy<'a>>| v.filter(|v| !v.is_nil());
     Sampling {
-        n: set(n).and_then(Lazy::as_u64).unwrap_or(d.n),
-        temperature: set(temperature).and_then(number).unwrap_or(d.temperature),
-        top_p: set(top_p).and_then(number).unwrap_or(d.top_p),
-        top_k: set(top_k).and_then(Lazy::as_i64).unwrap_or(d.top_k),
+        n: present(n).and_then(Lazy::as_u64).unwrap_or(d.n),
+        temperature: present(temperature)
+            .and_then(number)
+            .unwrap_or(d.temperature),
+        top_p: present(top_p).and_then(number).unwrap_or(d.top_p),
+        top_k: present(top_k).and_then(Lazy::as_i64).unwrap_or(d.top_k),
         // Left out means the default (16); an explicit nil means no limit.
         max_tokens: match max_tokens {
             None => d.max_tokens,
             Some(v) => v.as_u64(),
         },
-        logprobs: set(logprobs).and_then(Lazy::as_u64),
+        logprobs: present(logprobs).and_then(Lazy::as_u64),
     }
 }
 
@@ -817,7 +822,7 @@ fn scheduler_stats(map: LazyMap<'_>) -> SchedulerStats {
             "prefix_cache_stats",
             "step_counter",
         ])
-        .map(|v| v.filter(|v| !v.is_nil()));
+        .map(present);
     SchedulerStats {
         num_running_reqs: running.and_then(Lazy::as_u64).unwrap_or(0),
         num_waiting_reqs: waiting.and_then(Lazy::as_u64).unwrap_or(0),
