@@ -32,6 +32,19 @@ const MAX_EXPANDED_BYTES: usize = 16 << 20;
 const VALUE_BYTES: usize = std::mem::size_of::<PyValue>();
 /// Nesting of the expanded result; deeper (or cyclic) values are cut with an error.
 const MAX_DEPTH: usize = 128;
+/// A value's id with this bit set is no node: it carries a 32-bit int in its low bits. The
+/// BININT opcodes (token ids, counts and flags: most of an SGLang batch's values) cost no node
+/// that way, and a node id, below `MAX_NODES`, never has it.
+const INLINE_INT: usize = 1 << (usize::BITS - 1);
+const _: () = assert!(usize::BITS == 64 && MAX_NODES < INLINE_INT);
+
+const NOT_A_LIST: &str = "APPEND to a non-list";
+const NOT_A_DICT: &str = "SETITEM on a non-dict";
+
+/// The int an inline id carries (see [`INLINE_INT`]).
+fn inline_int(id: usize) -> Option<i64> {
+    (id & INLINE_INT != 0).then_some(i64::from(id as u32 as i32))
+}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PickleError {
@@ -228,7 +241,7 @@ impl Node<'_> {
         match self {
             Node::List(seq) | Node::Set(seq) => seq.extend(arena, ids),
             Node::Object(object) => object.items.extend(arena, ids),
-            _ => return Err(PickleError::Malformed("APPEND to a non-list", at)),
+            _ => return Err(PickleError::Malformed(NOT_A_LIST, at)),
         }
         Ok(())
     }
@@ -243,7 +256,7 @@ impl Node<'_> {
         match self {
             Node::Dict(seq) => seq.extend(arena, pairs),
             Node::Object(object) => object.entries.extend(arena, pairs),
-            _ => return Err(PickleError::Malformed("SETITEM on a non-dict", at)),
+            _ => return Err(PickleError::Malformed(NOT_A_DICT, at)),
         }
         Ok(())
     }
@@ -316,7 +329,11 @@ impl Pickle<'_> {
             return Err(PickleError::TooDeep);
         }
         let tree = &self.tree;
-        Ok(match &tree.nodes[id] {
+        let Some(node) = tree.nodes.get(id) else {
+            // Only an inline int has an id beyond the nodes (its size is charged with it).
+            return Ok(PyValue::Int(inline_int(id).unwrap_or_default()));
+        };
+        Ok(match node {
             Node::Leaf(v) => {
                 charge(budget, payload_len(v))?;
                 v.clone()
@@ -401,19 +418,29 @@ impl<'p> PyRef<'p> {
         Self { id, ..self }
     }
 
+    /// The value's node: None for an inline int.
+    fn node(self) -> Option<&'p Node<'p>> {
+        self.tree.nodes.get(self.id)
+    }
+
     pub(super) fn leaf(self) -> Option<&'p PyValue> {
-        match &self.tree.nodes[self.id] {
+        match self.node()? {
             Node::Leaf(v) => Some(v),
             _ => None,
         }
     }
 
+    /// An int kept in its id, not in a node.
+    pub(super) fn inline_int(self) -> Option<i64> {
+        inline_int(self.id)
+    }
+
     pub(super) fn text(self) -> Option<&'p str> {
-        self.tree.nodes[self.id].text()
+        self.node()?.text()
     }
 
     pub(super) fn byte_string(self) -> Option<&'p [u8]> {
-        match &self.tree.nodes[self.id] {
+        match self.node()? {
             Node::Bytes(b) => Some(b),
             Node::Leaf(PyValue::Bytes(b)) => Some(b),
             _ => None,
@@ -422,26 +449,26 @@ impl<'p> PyRef<'p> {
 
     /// A list's or tuple's element nodes.
     pub(super) fn sequence(self) -> Option<&'p [usize]> {
-        match &self.tree.nodes[self.id] {
+        match self.node()? {
             Node::List(seq) | Node::Tuple(seq) => Some(seq.of(&self.tree.items)),
             _ => None,
         }
     }
 
     pub(super) fn is_tuple_node(self) -> bool {
-        matches!(self.tree.nodes[self.id], Node::Tuple(_))
+        matches!(self.node(), Some(Node::Tuple(_)))
     }
 
     /// A dict's (key, value) nodes.
     pub(super) fn dict(self) -> Option<&'p [(usize, usize)]> {
-        match &self.tree.nodes[self.id] {
+        match self.node()? {
             Node::Dict(seq) => Some(seq.of(&self.tree.pairs)),
             _ => None,
         }
     }
 
     pub(super) fn object_parts(self) -> Option<(Self, Self, Option<Self>)> {
-        match &self.tree.nodes[self.id] {
+        match self.node()? {
             Node::Object(o) => Some((
                 self.at(o.callable),
                 self.at(o.args),
@@ -563,6 +590,11 @@ impl<'a> Machine<'a> {
         self.push(Node::Leaf(v))
     }
 
+    /// A 32-bit int, in its id (no node: see [`INLINE_INT`]).
+    fn int(&mut self, v: i32) {
+        self.stack.push(Slot::Value(INLINE_INT | v as u32 as usize));
+    }
+
     fn pop(&mut self) -> Result<usize, PickleError> {
         match self.stack.pop() {
             Some(Slot::Value(id)) => Ok(id),
@@ -610,7 +642,7 @@ impl<'a> Machine<'a> {
             items,
             pairs,
         } = &mut self.tree;
-        let target = &mut nodes[target];
+        let target = target_node(nodes, target, as_pairs, at)?;
         if as_pairs {
             if !added.len().is_multiple_of(2) {
                 return Err(PickleError::Malformed("odd number of dict items", at));
@@ -725,15 +757,15 @@ impl<'a> Machine<'a> {
                 0x89 => self.leaf(PyValue::Bool(false))?,
                 b'J' => {
                     let v = i32::from_le_bytes(self.le()?);
-                    self.leaf(PyValue::Int(v.into()))?
+                    self.int(v)
                 }
                 b'K' => {
                     let v = self.u8()?;
-                    self.leaf(PyValue::Int(v.into()))?
+                    self.int(v.into())
                 }
                 b'M' => {
                     let v = u16::from_le_bytes(self.le()?);
-                    self.leaf(PyValue::Int(v.into()))?
+                    self.int(v.into())
                 }
                 0x8a => {
                     let n = self.len::<1>()?;
@@ -863,7 +895,7 @@ impl<'a> Machine<'a> {
                     let item = self.pop()?;
                     let list = self.top()?;
                     let Tree { nodes, items, .. } = &mut self.tree;
-                    nodes[list].append(items, std::iter::once(item), at)?
+                    target_node(nodes, list, false, at)?.append(items, std::iter::once(item), at)?
                 }
                 b'e' | 0x90 => self.extend_from_mark(false)?,
                 b's' => {
@@ -871,7 +903,11 @@ impl<'a> Machine<'a> {
                     let key = self.pop()?;
                     let dict = self.top()?;
                     let Tree { nodes, pairs, .. } = &mut self.tree;
-                    nodes[dict].set_items(pairs, std::iter::once((key, value)), at)?
+                    target_node(nodes, dict, true, at)?.set_items(
+                        pairs,
+                        std::iter::once((key, value)),
+                        at,
+                    )?
                 }
                 b'u' => self.extend_from_mark(true)?,
                 b'c' => {
@@ -884,8 +920,10 @@ impl<'a> Machine<'a> {
                     let name = self.pop()?;
                     let module = self.pop()?;
                     let text = |m: &Self, id: usize| {
-                        m.tree.nodes[id]
-                            .text()
+                        m.tree
+                            .nodes
+                            .get(id)
+                            .and_then(Node::text)
                             .map(str::to_owned)
                             .ok_or(PickleError::Malformed("STACK_GLOBAL of non-strings", at))
                     };
@@ -927,8 +965,8 @@ impl<'a> Machine<'a> {
                 b'b' => {
                     let new_state = self.pop()?;
                     let target = self.top()?;
-                    match &mut self.tree.nodes[target] {
-                        Node::Object(object) => object.state = Some(new_state),
+                    match self.tree.nodes.get_mut(target) {
+                        Some(Node::Object(object)) => object.state = Some(new_state),
                         _ => return Err(PickleError::Malformed("BUILD on a non-object", at)),
                     }
                 }
@@ -974,6 +1012,21 @@ impl<'a> Machine<'a> {
             }
         }
     }
+}
+
+/// The node APPEND(S) (`as_pairs` false) or SETITEM(S) adds to, with the error the node itself
+/// would give when it is an inline int.
+fn target_node<'t, 'a>(
+    nodes: &'t mut [Node<'a>],
+    id: usize,
+    as_pairs: bool,
+    at: usize,
+) -> Result<&'t mut Node<'a>, PickleError> {
+    let what = match as_pairs {
+        false => NOT_A_LIST,
+        true => NOT_A_DICT,
+    };
+    nodes.get_mut(id).ok_or(PickleError::Malformed(what, at))
 }
 
 /// The text or bytes a leaf value carries (its copy's cost on top of the value itself).
@@ -1419,6 +1472,50 @@ mod tests {
         assert_eq!(
             PyValue::List(vec![PyValue::Int(1), PyValue::Int(2)]).int_array(),
             Some(vec![1, 2])
+        );
+    }
+
+    #[test]
+    fn small_ints_are_kept_in_their_ids_and_read_as_any_int() {
+        // [i32::MIN, -1, 0, 255, 65535, i32::MAX] with BININT, BININT1 and BININT2.
+        let mut p = vec![0x80, 4, b']', b'('];
+        for v in [i32::MIN, -1] {
+            p.push(b'J');
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        p.extend_from_slice(&[b'K', 0, b'K', 255, b'M', 255, 255, b'J']);
+        p.extend_from_slice(&i32::MAX.to_le_bytes());
+        p.extend_from_slice(b"e.");
+        let want = [i32::MIN.into(), -1, 0, 255, 65535, i32::MAX.into()];
+        let built = loads(&p, &[]).unwrap();
+        let built: Vec<i64> = built
+            .as_seq()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        assert_eq!(built, want);
+        let parsed = parse(&p, &[]).unwrap();
+        let root = parsed.root();
+        assert_eq!(root.int_array(), Some(want.to_vec()));
+        assert_eq!(root.item(0).unwrap().as_f64(), Some(f64::from(i32::MIN)));
+        // No node each: the list is the only one.
+        assert_eq!(parsed.tree.nodes.len(), 1);
+        // An int is no container, whatever adds to it.
+        for (bad, error) in [
+            (&b"K\x01K\x02a."[..], NOT_A_LIST),
+            (b"K\x01(K\x02e.", NOT_A_LIST),
+            (b"K\x01K\x02K\x03s.", NOT_A_DICT),
+            (b"K\x01(K\x02K\x03u.", NOT_A_DICT),
+        ] {
+            assert!(
+                matches!(loads(bad, &[]), Err(PickleError::Malformed(e, _)) if e == error),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            loads(b"K\x01K\x02b.", &[]),
+            Err(PickleError::Malformed("BUILD on a non-object", 4))
         );
     }
 

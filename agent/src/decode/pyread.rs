@@ -217,11 +217,14 @@ impl<'v> PyRead<'v> for PyRef<'v> {
     }
 
     fn as_i64(self) -> Option<i64> {
-        self.leaf()?.as_i64()
+        self.inline_int().or_else(|| self.leaf()?.as_i64())
     }
 
     fn as_f64(self) -> Option<f64> {
-        self.leaf()?.as_f64()
+        match self.inline_int() {
+            Some(i) => Some(i as f64),
+            None => self.leaf()?.as_f64(),
+        }
     }
 
     fn as_bytes(self) -> Option<&'v [u8]> {
