@@ -32,19 +32,41 @@ const MAX_EXPANDED_BYTES: usize = 16 << 20;
 const VALUE_BYTES: usize = std::mem::size_of::<PyValue>();
 /// Nesting of the expanded result; deeper (or cyclic) values are cut with an error.
 const MAX_DEPTH: usize = 128;
-/// A value's id with this bit set is no node: it carries a 32-bit int in its low bits. The
-/// BININT opcodes (token ids, counts and flags: most of an SGLang batch's values) cost no node
-/// that way, and a node id, below `MAX_NODES`, never has it.
-const INLINE_INT: usize = 1 << (usize::BITS - 1);
-const _: () = assert!(usize::BITS == 64 && MAX_NODES < INLINE_INT);
+/// Value ids: a node's index (below `MAX_NODES`), or a scalar that needs no node, tagged in the
+/// top two bits: a 32-bit int in the low bits, a float's index in [`Tree::floats`], or None,
+/// False or True ([`CONSTANTS`]). The BININT, BINFLOAT, NONE and bool opcodes (token ids,
+/// counts, flags and time stamps: most of an SGLang batch's values) cost a stack slot that
+/// way, not a 32-byte node each.
+const TAG: usize = 0b11 << 62;
+const INT: usize = 0b10 << 62;
+const FLOAT: usize = 0b01 << 62;
+const CONSTANT: usize = 0b11 << 62;
+const _: () = assert!(usize::BITS == 64 && MAX_NODES & TAG == 0);
+static CONSTANTS: [PyValue; 3] = [PyValue::None, PyValue::Bool(false), PyValue::Bool(true)];
+const NONE_ID: usize = CONSTANT;
+const FALSE_ID: usize = CONSTANT | 1;
+const TRUE_ID: usize = CONSTANT | 2;
+
+/// A scalar carried in a value id (see [`TAG`]).
+enum Inline {
+    Int(i64),
+    /// Its index in [`Tree::floats`].
+    Float(usize),
+    Constant(&'static PyValue),
+}
+
+/// What an id carries, if it is no node's.
+fn inline(id: usize) -> Option<Inline> {
+    match id & TAG {
+        0 => None,
+        INT => Some(Inline::Int(i64::from(id as u32 as i32))),
+        FLOAT => Some(Inline::Float(id & !TAG)),
+        _ => CONSTANTS.get(id & !TAG).map(Inline::Constant),
+    }
+}
 
 const NOT_A_LIST: &str = "APPEND to a non-list";
 const NOT_A_DICT: &str = "SETITEM on a non-dict";
-
-/// The int an inline id carries (see [`INLINE_INT`]).
-fn inline_int(id: usize) -> Option<i64> {
-    (id & INLINE_INT != 0).then_some(i64::from(id as u32 as i32))
-}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PickleError {
@@ -206,6 +228,8 @@ impl Seq {
 #[derive(Debug)]
 struct Tree<'a> {
     nodes: Vec<Node<'a>>,
+    /// The floats that ids carry (see [`TAG`]).
+    floats: Vec<f64>,
     items: Vec<usize>,
     pairs: Vec<(usize, usize)>,
 }
@@ -330,8 +354,13 @@ impl Pickle<'_> {
         }
         let tree = &self.tree;
         let Some(node) = tree.nodes.get(id) else {
-            // Only an inline int has an id beyond the nodes (its size is charged with it).
-            return Ok(PyValue::Int(inline_int(id).unwrap_or_default()));
+            // A scalar (its size is charged with it).
+            return match inline(id) {
+                Some(Inline::Int(i)) => Ok(PyValue::Int(i)),
+                Some(Inline::Float(i)) => Ok(PyValue::Float(tree.floats[i])),
+                Some(Inline::Constant(v)) => Ok(v.clone()),
+                None => Err(PickleError::Malformed("value id of no value", 0)),
+            };
         };
         Ok(match node {
             Node::Leaf(v) => {
@@ -423,16 +452,32 @@ impl<'p> PyRef<'p> {
         self.tree.nodes.get(self.id)
     }
 
+    /// A scalar kept in a node, or a constant (None, a bool) in its id.
     pub(super) fn leaf(self) -> Option<&'p PyValue> {
-        match self.node()? {
-            Node::Leaf(v) => Some(v),
+        match self.node() {
+            Some(Node::Leaf(v)) => Some(v),
+            None => match inline(self.id)? {
+                Inline::Constant(v) => Some(v),
+                _ => None,
+            },
             _ => None,
         }
     }
 
     /// An int kept in its id, not in a node.
     pub(super) fn inline_int(self) -> Option<i64> {
-        inline_int(self.id)
+        match inline(self.id)? {
+            Inline::Int(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// A float kept in the floats its id indexes, not in a node.
+    pub(super) fn inline_float(self) -> Option<f64> {
+        match inline(self.id)? {
+            Inline::Float(i) => self.tree.floats.get(i).copied(),
+            _ => None,
+        }
     }
 
     pub(super) fn text(self) -> Option<&'p str> {
@@ -516,6 +561,7 @@ impl<'a> Machine<'a> {
             // they are not copied as they grow (5-7 % of the decoding time).
             tree: Tree {
                 nodes: Vec::with_capacity(data.len() / 4),
+                floats: Vec::with_capacity(data.len() / 16),
                 items: Vec::with_capacity(data.len() / 8),
                 pairs: Vec::with_capacity(data.len() / 32),
             },
@@ -590,9 +636,18 @@ impl<'a> Machine<'a> {
         self.push(Node::Leaf(v))
     }
 
-    /// A 32-bit int, in its id (no node: see [`INLINE_INT`]).
+    /// A scalar carried in its id (see [`TAG`]).
+    fn inline(&mut self, id: usize) {
+        self.stack.push(Slot::Value(id));
+    }
+
     fn int(&mut self, v: i32) {
-        self.stack.push(Slot::Value(INLINE_INT | v as u32 as usize));
+        self.inline(INT | v as u32 as usize);
+    }
+
+    fn float(&mut self, v: f64) {
+        self.inline(FLOAT | self.tree.floats.len());
+        self.tree.floats.push(v);
     }
 
     fn pop(&mut self) -> Result<usize, PickleError> {
@@ -641,6 +696,7 @@ impl<'a> Machine<'a> {
             nodes,
             items,
             pairs,
+            ..
         } = &mut self.tree;
         let target = target_node(nodes, target, as_pairs, at)?;
         if as_pairs {
@@ -752,9 +808,9 @@ impl<'a> Machine<'a> {
                     let id = self.top()?;
                     self.stack.push(Slot::Value(id));
                 }
-                b'N' => self.leaf(PyValue::None)?,
-                0x88 => self.leaf(PyValue::Bool(true))?,
-                0x89 => self.leaf(PyValue::Bool(false))?,
+                b'N' => self.inline(NONE_ID),
+                0x88 => self.inline(TRUE_ID),
+                0x89 => self.inline(FALSE_ID),
                 b'J' => {
                     let v = i32::from_le_bytes(self.le()?);
                     self.int(v)
@@ -794,7 +850,7 @@ impl<'a> Machine<'a> {
                 }
                 b'G' => {
                     let v = f64::from_be_bytes(self.le()?);
-                    self.leaf(PyValue::Float(v))?
+                    self.float(v)
                 }
                 b'F' => {
                     let line = self.line()?;
@@ -1476,7 +1532,7 @@ mod tests {
     }
 
     #[test]
-    fn small_ints_are_kept_in_their_ids_and_read_as_any_int() {
+    fn scalars_are_kept_in_their_ids_and_read_as_nodes_were() {
         // [i32::MIN, -1, 0, 255, 65535, i32::MAX] with BININT, BININT1 and BININT2.
         let mut p = vec![0x80, 4, b']', b'('];
         for v in [i32::MIN, -1] {
@@ -1501,12 +1557,36 @@ mod tests {
         assert_eq!(root.item(0).unwrap().as_f64(), Some(f64::from(i32::MIN)));
         // No node each: the list is the only one.
         assert_eq!(parsed.tree.nodes.len(), 1);
-        // An int is no container, whatever adds to it.
+        // (None, True, False, -2.5, 7.0)
+        let mut p = vec![0x80, 4, b'(', b'N', 0x88, 0x89, b'G'];
+        p.extend_from_slice(&(-2.5f64).to_be_bytes());
+        p.push(b'G');
+        p.extend_from_slice(&7f64.to_be_bytes());
+        p.extend_from_slice(b"t.");
+        let want = [
+            PyValue::None,
+            PyValue::Bool(true),
+            PyValue::Bool(false),
+            PyValue::Float(-2.5),
+            PyValue::Float(7.0),
+        ];
+        assert_eq!(loads(&p, &[]), Ok(PyValue::Tuple(want.to_vec())));
+        let parsed = parse(&p, &[]).unwrap();
+        let items = parsed.root().items().unwrap();
+        assert_eq!(parsed.tree.nodes.len(), 1);
+        assert_eq!(items[0].leaf(), Some(&PyValue::None));
+        assert_eq!(items[1].as_i64(), Some(1));
+        assert_eq!(items[2].as_i64(), Some(0));
+        assert_eq!((items[3].as_f64(), items[3].as_i64()), (Some(-2.5), None));
+        assert_eq!(items[4].as_f64(), Some(7.0));
+        // A scalar is no container, whatever adds to it.
         for (bad, error) in [
             (&b"K\x01K\x02a."[..], NOT_A_LIST),
             (b"K\x01(K\x02e.", NOT_A_LIST),
             (b"K\x01K\x02K\x03s.", NOT_A_DICT),
             (b"K\x01(K\x02K\x03u.", NOT_A_DICT),
+            (b"NK\x01a.", NOT_A_LIST),
+            (b"G@\0\0\0\0\0\0\0K\x01K\x02s.", NOT_A_DICT),
         ] {
             assert!(
                 matches!(loads(bad, &[]), Err(PickleError::Malformed(e, _)) if e == error),

@@ -221,9 +221,10 @@ impl<'v> PyRead<'v> for PyRef<'v> {
     }
 
     fn as_f64(self) -> Option<f64> {
-        match self.inline_int() {
-            Some(i) => Some(i as f64),
-            None => self.leaf()?.as_f64(),
+        match (self.inline_float(), self.inline_int()) {
+            (Some(f), _) => Some(f),
+            (None, Some(i)) => Some(i as f64),
+            (None, None) => self.leaf()?.as_f64(),
         }
     }
 
