@@ -228,7 +228,8 @@ impl Seq {
 #[derive(Debug)]
 struct Tree<'a> {
     nodes: Vec<Node<'a>>,
-    /// The floats that ids carry (see [`TAG`]).
+    /// The floats that ids carry (see [`TAG`]); no more than the pickle has BINFLOATs (nine
+    /// bytes each).
     floats: Vec<f64>,
     items: Vec<usize>,
     pairs: Vec<(usize, usize)>,
@@ -355,12 +356,13 @@ impl Pickle<'_> {
         let tree = &self.tree;
         let Some(node) = tree.nodes.get(id) else {
             // A scalar (its size is charged with it).
-            return match inline(id) {
-                Some(Inline::Int(i)) => Ok(PyValue::Int(i)),
-                Some(Inline::Float(i)) => Ok(PyValue::Float(tree.floats[i])),
-                Some(Inline::Constant(v)) => Ok(v.clone()),
-                None => Err(PickleError::Malformed("value id of no value", 0)),
+            let value = match inline(id) {
+                Some(Inline::Int(i)) => Some(PyValue::Int(i)),
+                Some(Inline::Float(i)) => tree.floats.get(i).copied().map(PyValue::Float),
+                Some(Inline::Constant(v)) => Some(v.clone()),
+                None => None,
             };
+            return value.ok_or(PickleError::Malformed("value id of no value", 0));
         };
         Ok(match node {
             Node::Leaf(v) => {
@@ -447,7 +449,7 @@ impl<'p> PyRef<'p> {
         Self { id, ..self }
     }
 
-    /// The value's node: None for an inline int.
+    /// The value's node: None for a scalar carried in its id.
     fn node(self) -> Option<&'p Node<'p>> {
         self.tree.nodes.get(self.id)
     }
@@ -1070,8 +1072,8 @@ impl<'a> Machine<'a> {
     }
 }
 
-/// The node APPEND(S) (`as_pairs` false) or SETITEM(S) adds to, with the error the node itself
-/// would give when it is an inline int.
+/// The node APPEND(S) (`as_pairs` false) or SETITEM(S) adds to, with the error a scalar's node
+/// gave when the target is a scalar carried in its id.
 fn target_node<'t, 'a>(
     nodes: &'t mut [Node<'a>],
     id: usize,
