@@ -166,24 +166,20 @@ impl VllmMetrics {
     }
 
     pub fn step(&self, r: &mut Registry, step: &StepReport) {
-        let dims = self.engine_dims(step.engine_index);
+        let dims = r.dims(self.engine_dims(step.engine_index));
         if step.iteration {
-            r.add(&ITER_COUNT, dims.clone(), 1.0);
+            r.add_at(&ITER_COUNT, dims, 1.0);
         }
-        r.add(&PROMPT_TOKENS, dims.clone(), step.prompt_tokens as f64);
-        r.add(
-            &GENERATION_TOKENS,
-            dims.clone(),
-            step.generation_tokens as f64,
-        );
-        r.add(&NUM_PREEMPTIONS, dims.clone(), step.preemptions as f64);
+        r.add_at(&PROMPT_TOKENS, dims, step.prompt_tokens as f64);
+        r.add_at(&GENERATION_TOKENS, dims, step.generation_tokens as f64);
+        r.add_at(&NUM_PREEMPTIONS, dims, step.preemptions as f64);
         if let Some(s) = &step.scheduler {
-            r.set(&NUM_RUNNING, dims.clone(), s.num_running_reqs as f64);
-            r.set(&NUM_WAITING, dims.clone(), s.num_waiting_reqs as f64);
-            r.set(&KV_CACHE_USAGE, dims.clone(), s.kv_cache_usage);
+            r.set_at(&NUM_RUNNING, dims, s.num_running_reqs as f64);
+            r.set_at(&NUM_WAITING, dims, s.num_waiting_reqs as f64);
+            r.set_at(&KV_CACHE_USAGE, dims, s.kv_cache_usage);
             if let Some(p) = &s.prefix_cache {
-                r.add(&PREFIX_CACHE_QUERIES, dims.clone(), p.queries as f64);
-                r.add(&PREFIX_CACHE_HITS, dims, p.hits as f64);
+                r.add_at(&PREFIX_CACHE_QUERIES, dims, p.queries as f64);
+                r.add_at(&PREFIX_CACHE_HITS, dims, p.hits as f64);
             }
         }
     }
@@ -209,37 +205,38 @@ impl VllmMetrics {
         let Some(reason) = t.finish_reason else {
             return;
         };
-        let dims = self.engine_dims(t.engine_index.unwrap_or(0));
-        let mut with_reason = dims.clone();
+        let engine_dims = self.engine_dims(t.engine_index.unwrap_or(0));
+        let mut with_reason = engine_dims.clone();
         with_reason.push(("finished_reason", reason.as_str().into()));
         r.add(&REQUEST_SUCCESS, with_reason, 1.0);
+        let dims = r.dims(engine_dims);
         if let Some(s) = &t.sampling {
-            r.add(&PARAMS_N, dims.clone(), s.n as f64);
+            r.add_at(&PARAMS_N, dims, s.n as f64);
             if let Some(max) = s.max_tokens {
-                r.add(&PARAMS_MAX_TOKENS, dims.clone(), max as f64);
+                r.add_at(&PARAMS_MAX_TOKENS, dims, max as f64);
             }
         }
         let since_arrival = |mono: u64| clock.ns_since_wall_secs(t.arrival_time, mono) as f64 / 1e9;
         if let Some(first) = t.first_output_ns {
-            r.add(&FIRST_TOKEN_SECONDS, dims.clone(), since_arrival(first));
+            r.add_at(&FIRST_TOKEN_SECONDS, dims, since_arrival(first));
         }
         if let Some(done) = t.finished_ns {
-            r.add(&REQUEST_DURATION, dims.clone(), since_arrival(done));
+            r.add_at(&REQUEST_DURATION, dims, since_arrival(done));
         }
         if let (Some(first), Some(last)) = (t.first_token, t.last_token) {
             let decode = last - first;
             if t.completion_tokens > 1 {
                 let tpot = decode / (t.completion_tokens - 1) as f64;
-                r.add(&TIME_PER_OUTPUT_TOKEN, dims.clone(), tpot);
+                r.add_at(&TIME_PER_OUTPUT_TOKEN, dims, tpot);
             }
-            r.add(&DECODE_TIME, dims.clone(), decode);
+            r.add_at(&DECODE_TIME, dims, decode);
             if let Some(scheduled) = t.scheduled {
-                r.add(&PREFILL_TIME, dims.clone(), first - scheduled);
-                r.add(&INFERENCE_TIME, dims.clone(), last - scheduled);
+                r.add_at(&PREFILL_TIME, dims, first - scheduled);
+                r.add_at(&INFERENCE_TIME, dims, last - scheduled);
             }
         }
         if let (Some(queued), Some(scheduled)) = (t.queued, t.scheduled) {
-            r.add(&QUEUE_TIME, dims, scheduled - queued);
+            r.add_at(&QUEUE_TIME, dims, scheduled - queued);
         }
     }
 }
