@@ -91,7 +91,8 @@ pub const AGENT: Scope = 0;
 
 /// A set of dimensions as [`Registry::dims`] numbered it: a series is found by it without its
 /// strings, and an engine that updates several metrics of one set (vLLM: up to nine a step)
-/// sorts and hashes the set once instead of cloning it for each.
+/// sorts and hashes the set once instead of cloning it for each. Numbers change when a scope
+/// is removed: a number is used within the update that asked for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DimsId(u32);
 
