@@ -107,8 +107,8 @@ type Hashed<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub struct Registry {
     defs: Hashed<&'static str, MetricDef>,
     series: Hashed<SeriesKey, f64>,
-    /// Every set of dimensions numbered so far, and its number (at most [`MAX_SERIES`]: there
-    /// are no more series than that).
+    /// Every set of dimensions numbered since the last scope ended, and its number (at most
+    /// [`MAX_SERIES`] of them, the bound on series).
     dims: Vec<Dimensions>,
     dims_ids: Hashed<Dimensions, DimsId>,
     /// Each engine instance's identity attributes, by scope.
@@ -172,7 +172,8 @@ impl Registry {
     }
 
     /// The number of a set of dimensions, for [`Registry::add_at`] and [`Registry::set_at`];
-    /// None past the bound on series (the updates that use it are counted as dropped).
+    /// None once [`MAX_SERIES`] sets are numbered (the updates that use it are counted as
+    /// dropped).
     pub fn dims(&mut self, mut dims: Dimensions) -> Option<DimsId> {
         dims.sort();
         if let Some(&id) = self.dims_ids.get(&dims) {
