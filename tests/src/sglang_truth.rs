@@ -162,7 +162,9 @@ const FROM_DISPATCH: [&str; 2] = [
 /// stamp of a request after its stamp of the message's first one lags by that work, which no
 /// syscall marks: the p99 check allows it on top for the latencies that end there (reported
 /// per request when over this). The message's requests are those infertrace ended at the same
-/// instant; the first one's own difference is checked in full.
+/// instant; the first one's own difference is checked in full, and once: main held off the CPU
+/// after its take-over (one CI run: 11.4 ms) delays every stamp of the message, and counted
+/// for each of its requests, one such moment was the p99 of a whole run.
 pub const LATE_IN_MESSAGE_S: f64 = 1e-3;
 /// The latencies that end when main's loop handles the request's final output.
 const TO_FINISH: [&str; 3] = [
@@ -186,8 +188,17 @@ pub const SCHEDULER_EDGE_S: f64 = 20e-6;
 /// of the 8 requests of one prefill batch 67 µs off. So the edges converted together must
 /// agree with each other exactly, and the groups shifted as a whole must share their shift
 /// with the others of the same calibration: at most one such calibration per hundred
-/// requests (one at least), each within this.
+/// requests (two at least: [`miscalibrations_allowed`]), each within this, and each the way a
+/// pause between the two reads shifts them (SGLang's stamps earlier than infertrace's instants).
 pub const SGLANG_CALIBRATION_S: f64 = 1e-3;
+
+/// How many of SGLang's miscalibrated offsets a run of `requests` may show: one per hundred,
+/// two at least. A CI run on 2026-12-07 had two in the PD decode server's 120 requests (20.7
+/// and 63.5 µs, both the way a pause between the reads makes them); the five data-parallel
+/// runs kept from those days, none in 464.
+fn miscalibrations_allowed(requests: usize) -> usize {
+    (requests / 100).max(2)
+}
 
 /// Checks the edges SGLang stamps itself and infertrace takes from the wire (signed
 /// differences; `what` names them), in `groups`: per request id, the edges SGLang converted to
@@ -215,6 +226,15 @@ fn check_sglang_stamps(
             ));
         }
         let shift = (low + high) / 2.0;
+        // SGLang reads time.time() before time.perf_counter(): a pause between them makes its
+        // offset smaller and its converted stamps earlier than the instants, never later.
+        if shift < -(SCHEDULER_EDGE_S + wall_clock_moved_s) {
+            r.fail(format!(
+                "{id}: {what} {:.9} s later than infertrace's, which SGLang's calibration \
+                 cannot make them",
+                -shift
+            ));
+        }
         if shift.abs() > SCHEDULER_EDGE_S {
             shifted.push((*id, shift));
         }
@@ -248,7 +268,7 @@ fn check_sglang_stamps(
         wall_clock_moved_s == 0.0 || shift.abs() > SCHEDULER_EDGE_S + wall_clock_moved_s
     });
     let calibrations = distinct_shifts(shifted.iter().map(|(_, shift)| *shift));
-    let allowed = (requests.len() / 100).max(1);
+    let allowed = miscalibrations_allowed(requests.len());
     if calibrations > allowed
         || shifted
             .iter()
@@ -264,15 +284,15 @@ fn check_sglang_stamps(
 
 /// Checks instants infertrace takes before SGLang's stamps (`differences`: infertrace's less
 /// SGLang's): none later than SGLang's beyond SCHEDULER_EDGE_S (and a move of the wall clock),
-/// but where SGLang converted its stamp with one of its miscalibrated offsets: at most one per
-/// hundred values (one at least), each within SGLANG_CALIBRATION_S.
+/// but where SGLang converted its stamp with one of its miscalibrated offsets: at most
+/// [`miscalibrations_allowed`], each within SGLANG_CALIBRATION_S.
 fn check_never_after(r: &mut Report, key: &str, differences: &[f64], wall_clock_moved_s: f64) {
     let late: Vec<f64> = differences
         .iter()
         .copied()
         .filter(|&d| d > SCHEDULER_EDGE_S + wall_clock_moved_s)
         .collect();
-    let allowed = (differences.len() / 100).max(1);
+    let allowed = miscalibrations_allowed(differences.len());
     if late.len() > allowed || late.iter().any(|&d| d > SGLANG_CALIBRATION_S) {
         r.fail(format!(
             "{key}: {} after SGLang's by over {SCHEDULER_EDGE_S} s (at most {allowed}, each \
@@ -426,14 +446,26 @@ fn stamp_within_dispatch(
     }
 }
 
-/// For each request, how long after its stamp of the first request of the same output message
-/// SGLang stamped it finished (LATE_IN_MESSAGE_S): `ours` and `theirs` are the request spans,
-/// whose ends are the finish instants; a message's requests are those infertrace ended at one
-/// instant.
+/// A request's finish stamp in its output message (LATE_IN_MESSAGE_S).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct FinishLag {
+    /// How long after its stamp of the message's first request SGLang stamped this one.
+    after_first: f64,
+    /// What the p99 check allows on top for the latencies that end there: for the message's
+    /// first request nothing (its difference is the check of infertrace's instant of the
+    /// take-over); for the others SGLang's stamp's whole lag after that instant, which the first
+    /// one's check has already counted, so that one late message counts once, not once per
+    /// request in it.
+    allowed: f64,
+}
+
+/// For each request, its finish stamp's lag in its output message: `ours` and `theirs` are the
+/// request spans, whose ends are the finish instants; a message's requests are those infertrace
+/// ended at one instant.
 fn finish_lags_in_message<'a>(
     ours: &[&SpanView<'a>],
     theirs: &[&SpanView],
-) -> BTreeMap<&'a str, f64> {
+) -> BTreeMap<&'a str, FinishLag> {
     let their_end = |id: &str| theirs.iter().find(|t| rid(t) == id).map(|t| t.end);
     let mut messages: BTreeMap<u64, Vec<(&str, u64)>> = BTreeMap::new();
     for request in ours {
@@ -445,14 +477,24 @@ fn finish_lags_in_message<'a>(
         }
     }
     let mut lags = BTreeMap::new();
-    for requests in messages.values() {
-        let first = requests
-            .iter()
-            .map(|&(_, end)| end)
-            .min()
-            .unwrap_or_default();
+    for (&take_over, requests) in &messages {
+        let Some(&(first_id, first)) = requests.iter().min_by_key(|&&(_, end)| end) else {
+            continue;
+        };
         for &(id, end) in requests {
-            lags.insert(id, (end - first) as f64 / 1e9);
+            let allowed = if id == first_id {
+                0.0
+            } else {
+                end.saturating_sub(take_over) as f64 / 1e9
+            };
+            let after_first = (end - first) as f64 / 1e9;
+            lags.insert(
+                id,
+                FinishLag {
+                    after_first,
+                    allowed,
+                },
+            );
         }
     }
     lags
@@ -582,9 +624,9 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
             inside_dispatch.push(format!("{id} ({:.2} ms)", within * 1e3));
         }
         let lag = late.max(within);
-        let finish_lag = finish_lags.get(id).copied().unwrap_or(0.0);
-        if finish_lag > LATE_IN_MESSAGE_S {
-            late_in_message.push(format!("{id} ({:.2} ms)", finish_lag * 1e3));
+        let finish_lag = finish_lags.get(id).copied().unwrap_or_default();
+        if finish_lag.after_first > LATE_IN_MESSAGE_S {
+            late_in_message.push(format!("{id} ({:.2} ms)", finish_lag.after_first * 1e3));
         }
         for key in LATENCIES {
             if let (Some(a), Some(b)) = (
@@ -597,7 +639,7 @@ pub fn compare(ours: &Path, theirs: &Path, bounds: Bounds) -> Report {
                 } else {
                     0.0
                 } + if TO_FINISH.contains(&key) {
-                    finish_lag
+                    finish_lag.allowed
                 } else {
                     0.0
                 };
@@ -1691,14 +1733,15 @@ mod tests {
             0.0
         );
         // A request in flight at the move: its edges differ by the move, and it is not counted
-        // as shifted; without the move it fails.
+        // as shifted; without the move its edges converted together disagree.
         let per_request = [("a", vec![0.0, 67e-6]), ("b", vec![67e-6, 67e-6])];
         let mut r = Report::default();
         check_sglang_stamps(&mut r, "edges", &per_request, 67.4e-6);
         assert!(r.failures.is_empty(), "{:?}", r.failures);
         let mut r = Report::default();
         check_sglang_stamps(&mut r, "edges", &per_request, 0.0);
-        assert_eq!(r.failures.len(), 2, "{:?}", r.failures);
+        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        assert!(r.failures[0].starts_with("a: "), "{:?}", r.failures);
     }
 
     #[test]
@@ -1713,17 +1756,34 @@ mod tests {
         let mut r = Report::default();
         check_sglang_stamps(&mut r, "edges", &groups, 0.0);
         assert!(r.failures.is_empty(), "{:?}", r.failures);
-        // Two different offsets among 8 requests: more than one calibration gone wrong.
+        // Two different offsets among 8 requests (the fewest runs may show).
         groups[15].1 = vec![30e-6];
         let mut r = Report::default();
         check_sglang_stamps(&mut r, "edges", &groups, 0.0);
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+        // Three: more calibrations gone wrong than a run of 8 requests may have.
+        groups[13].1 = vec![120e-6];
+        let mut r = Report::default();
+        check_sglang_stamps(&mut r, "edges", &groups, 0.0);
         assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        // A group SGLang stamped later than infertrace's instants: no calibration does that.
+        groups[13].1 = vec![66.56e-6];
+        groups[15].1 = vec![-66.56e-6];
+        let mut r = Report::default();
+        check_sglang_stamps(&mut r, "edges", &groups, 0.0);
+        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        assert!(
+            r.failures[0].contains("cannot make them"),
+            "{:?}",
+            r.failures
+        );
         // Edges converted together that disagree.
         groups[15].1 = vec![66.56e-6];
         groups[0].1 = vec![0.0, 50e-6, 0.0];
         let mut r = Report::default();
         check_sglang_stamps(&mut r, "edges", &groups, 0.0);
-        assert_eq!(r.failures.len(), 2, "{:?}", r.failures);
+        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        assert!(r.failures[0].starts_with("a: "), "{:?}", r.failures);
     }
 
     #[test]
@@ -1733,12 +1793,13 @@ mod tests {
         let mut r = Report::default();
         check_never_after(&mut r, DECODE_WAITING_END, &before, 0.0);
         assert!(r.failures.is_empty(), "{:?}", r.failures);
-        // One stamp SGLang converted with a calibration 66 µs off: allowed.
+        // Two stamps SGLang converted with calibrations 66 and 25 µs off: allowed.
         before[7] = 66e-6;
+        before[9] = 25e-6;
         let mut r = Report::default();
         check_never_after(&mut r, DECODE_WAITING_END, &before, 0.0);
         assert!(r.failures.is_empty(), "{:?}", r.failures);
-        // A second one, or one an iteration later (a batch placed in the wrong iteration).
+        // A third one, or one an iteration later (a batch placed in the wrong iteration).
         for late in [30e-6, 4e-3] {
             let mut wrong = before.clone();
             wrong[8] = late;
@@ -1787,9 +1848,20 @@ mod tests {
             &ours.iter().collect::<Vec<_>>(),
             &theirs.iter().collect::<Vec<_>>(),
         );
+        // b's difference is checked in full; a's and c's lag after the take-over is allowed
+        // (b's check counted the instant), and reported after b's stamp.
+        let lag = |after_first: f64, allowed: f64| FinishLag {
+            after_first,
+            allowed,
+        };
         assert_eq!(
             lags,
-            BTreeMap::from([("a", 500e-9), ("b", 0.0), ("c", 5_000e-9), ("d", 0.0)])
+            BTreeMap::from([
+                ("a", lag(500e-9, 800e-9)),
+                ("b", lag(0.0, 0.0)),
+                ("c", lag(5_000e-9, 5_300e-9)),
+                ("d", lag(0.0, 0.0)),
+            ])
         );
     }
 }
