@@ -137,10 +137,11 @@ pub static CONSOLE: [SummaryField; 5] = [
 
 /// One statistics report of a scheduler: each snapshot it carries is added, and counted.
 pub fn report(r: &mut Registry, stats: &DecodeStats) {
-    r.add(&LOG_COUNT, dims(), 1.0);
-    r.add(&NUM_RUNNING_REQS, dims(), stats.running_reqs as f64);
-    r.add(&NUM_QUEUE_REQS, dims(), stats.queue_reqs as f64);
-    r.add(&GEN_THROUGHPUT, dims(), stats.gen_throughput);
+    let dims = r.dims(self::dims());
+    r.add_at(&LOG_COUNT, dims, 1.0);
+    r.add_at(&NUM_RUNNING_REQS, dims, stats.running_reqs as f64);
+    r.add_at(&NUM_QUEUE_REQS, dims, stats.queue_reqs as f64);
+    r.add_at(&GEN_THROUGHPUT, dims, stats.gen_throughput);
     let optional = [
         (&NUM_USED_TOKENS, stats.used_tokens.map(|n| n as f64)),
         (&TOKEN_USAGE, stats.token_usage),
@@ -148,7 +149,7 @@ pub fn report(r: &mut Registry, stats: &DecodeStats) {
     ];
     for (def, value) in optional {
         if let Some(value) = value {
-            r.add(def, dims(), value);
+            r.add_at(def, dims, value);
         }
     }
 }
@@ -197,35 +198,37 @@ impl SglangMetrics {
         if t.dropped_while_queued {
             return;
         }
-        r.add(&NUM_REQUESTS, dims(), 1.0);
+        // One numbered set for the request's updates (not three strings per update).
+        let dims = r.dims(self::dims());
+        r.add_at(&NUM_REQUESTS, dims, 1.0);
         let tokens = [
             (&PROMPT_TOKENS, t.prompt_tokens),
             (&GENERATION_TOKENS, t.completion_tokens),
             (&CACHED_TOKENS, t.cached_tokens),
         ];
         for (def, count) in tokens {
-            r.add(def, dims(), count.unwrap_or(0) as f64);
+            r.add_at(def, dims, count.unwrap_or(0) as f64);
         }
         let at = instants(t, trace.api.as_ref(), clock);
         let first_output_aborted = t.output_ns.len() == 1 && finish.kind == "abort";
         if let Some(first) = at.first_token.filter(|_| !first_output_aborted) {
-            r.add(&TIME_TO_FIRST_TOKEN, dims(), seconds(at.created, first));
+            r.add_at(&TIME_TO_FIRST_TOKEN, dims, seconds(at.created, first));
         }
         if let (Some(first), Some(last)) = (t.first_output_ns, t.last_output_ns) {
             let (first, last) = (clock.unix_ns(first), clock.unix_ns(last));
             if t.output_ns.len() > 1 {
-                r.add(&INTER_TOKEN_LATENCY, dims(), seconds(first, last));
+                r.add_at(&INTER_TOKEN_LATENCY, dims, seconds(first, last));
             }
         }
         if let Some(done) = at.finished {
-            r.add(&REQUEST_DURATION, dims(), seconds(at.created, done));
+            r.add_at(&REQUEST_DURATION, dims, seconds(at.created, done));
             let completion = t.completion_tokens.unwrap_or(0);
             if let Some(first) = at.first_token
                 && completion > 1
                 && matches!(finish.kind.as_str(), "length" | "stop")
             {
                 let tpot = seconds(first, done) / (completion - 1) as f64;
-                r.add(&TIME_PER_OUTPUT_TOKEN, dims(), tpot);
+                r.add_at(&TIME_PER_OUTPUT_TOKEN, dims, tpot);
             }
         }
     }
