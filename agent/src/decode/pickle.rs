@@ -154,9 +154,11 @@ impl PyValue {
 #[derive(Debug)]
 enum Node<'a> {
     Leaf(PyValue),
-    /// A string (checked UTF-8 as it is decoded) or bytes, where they lie in the pickle:
-    /// copied only when [`loads`] builds the value (a [`PyRef`] reads them there).
-    Text(&'a str),
+    /// A string's UTF-8 or bytes, where they lie in the pickle: copied only when [`loads`]
+    /// builds the value (a [`PyRef`] reads them there). A string's UTF-8 is checked when it is
+    /// read as one (most of an SGLang batch's strings never are; a key is matched by its
+    /// bytes), so one bad string fails only what reads it.
+    Text(&'a [u8]),
     Bytes(&'a [u8]),
     /// Containers: their children's node ids lie in [`Tree::items`] (dicts: key and value
     /// ids in [`Tree::pairs`]).
@@ -247,11 +249,20 @@ struct ObjectNode {
 }
 
 impl Node<'_> {
-    /// The string the node holds, if it is one.
+    /// The string the node holds, if it is one (and valid UTF-8).
     fn text(&self) -> Option<&str> {
         match self {
-            Node::Text(s) => Some(s),
+            Node::Text(utf8) => std::str::from_utf8(utf8).ok(),
             Node::Leaf(PyValue::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The UTF-8 of the string the node holds, unchecked, if it is one.
+    fn text_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Node::Text(utf8) => Some(utf8),
+            Node::Leaf(PyValue::Str(s)) => Some(s.as_bytes()),
             _ => None,
         }
     }
@@ -329,11 +340,17 @@ pub fn loads(data: &[u8], buffers: &[Vec<u8>]) -> Result<PyValue, PickleError> {
 pub fn parse<'a>(data: &'a [u8], buffers: &'a [Vec<u8>]) -> Result<Pickle<'a>, PickleError> {
     let mut m = Machine::new(data, buffers);
     let top = m.run()?;
-    Ok(Pickle { tree: m.tree, top })
+    Ok(Pickle {
+        data,
+        tree: m.tree,
+        top,
+    })
 }
 
 /// A decoded pickle's nodes (see [`parse`]).
 pub struct Pickle<'a> {
+    /// The pickle's bytes, which its strings lie in.
+    data: &'a [u8],
     tree: Tree<'a>,
     top: usize,
 }
@@ -369,9 +386,12 @@ impl Pickle<'_> {
                 charge(budget, payload_len(v))?;
                 v.clone()
             }
-            Node::Text(text) => {
-                charge(budget, text.len())?;
-                PyValue::Str((*text).to_owned())
+            Node::Text(utf8) => {
+                charge(budget, utf8.len())?;
+                let at = utf8.as_ptr().addr().wrapping_sub(self.data.as_ptr().addr());
+                let text = std::str::from_utf8(utf8)
+                    .map_err(|_| PickleError::Malformed("invalid UTF-8", at))?;
+                PyValue::Str(text.to_owned())
             }
             Node::Bytes(bytes) => {
                 charge(budget, bytes.len())?;
@@ -484,6 +504,13 @@ impl<'p> PyRef<'p> {
 
     pub(super) fn text(self) -> Option<&'p str> {
         self.node()?.text()
+    }
+
+    /// Whether the value is the string `key` (compared as UTF-8, which needs no check).
+    pub(super) fn is_text(self, key: &str) -> bool {
+        self.node()
+            .and_then(Node::text_bytes)
+            .is_some_and(|utf8| utf8 == key.as_bytes())
     }
 
     pub(super) fn byte_string(self) -> Option<&'p [u8]> {
@@ -869,9 +896,8 @@ impl<'a> Machine<'a> {
                         0x8c => self.len::<1>()?,
                         _ => self.len::<8>()?,
                     };
-                    let text = std::str::from_utf8(self.take(n)?)
-                        .map_err(|_| PickleError::Malformed("invalid UTF-8", at))?;
-                    self.push(Node::Text(text))?
+                    let utf8 = self.take(n)?;
+                    self.push(Node::Text(utf8))?
                 }
                 b'V' => {
                     let line = self.line()?.to_vec();
@@ -1323,13 +1349,18 @@ mod tests {
     }
 
     #[test]
-    fn text_is_checked_whether_or_not_it_is_read() {
-        // {"a": 1, "b": <SHORT_BINUNICODE of invalid UTF-8>}: refused, though "b" is not read.
+    fn text_is_checked_when_it_is_read() {
+        // {"a": 1, "b": <SHORT_BINUNICODE of invalid UTF-8>}: "a" reads, "b" is no string,
+        // and the whole value does not build.
         let pickle = b"}(\x8c\x01aK\x01\x8c\x01b\x8c\x02\xff\xfeu.";
-        assert!(matches!(
-            parse(pickle, &[]),
-            Err(PickleError::Malformed("invalid UTF-8", _))
-        ));
+        let parsed = parse(pickle, &[]).unwrap();
+        assert_eq!(parsed.root().get("a").and_then(PyRead::as_i64), Some(1));
+        let b = parsed.root().get("b").expect("b's value");
+        assert_eq!(b.as_str(), None);
+        assert_eq!(
+            loads(pickle, &[]),
+            Err(PickleError::Malformed("invalid UTF-8", 12))
+        );
         let both = b"}(\x8c\x01aC\x02\x00\x01\x8c\x01b\x8c\x02hiu.";
         assert_eq!(
             loads(both, &[]).unwrap(),

@@ -255,7 +255,7 @@ impl<'v> PyRead<'v> for PyRef<'v> {
     fn get(self, key: &str) -> Option<Self> {
         self.dict()?
             .iter()
-            .find(|&&(k, _)| self.at(k).as_str() == Some(key))
+            .find(|&&(k, _)| self.at(k).is_text(key))
             .map(|&(_, v)| self.at(v))
     }
 
