@@ -13,7 +13,7 @@
 //! A pickle is read in place ([`pickle::parse`]), a msgpack message turned into a field dict
 //! ([`PyValue`]), and the typed messages are read from either by name, by the same code
 //! ([`PyRead`]).
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 
 use rmpv::Value;
 
@@ -621,11 +621,8 @@ fn request<'v>(f: impl PyRead<'v>, table: &FieldTable) -> Result<SglangRequest, 
     let rid = str_field(f, "rid").ok_or(SglangError::Field(CLASS, "rid"))?;
     let input_ids = f.get("input_ids").and_then(PyRead::int_array);
     let prompt_tokens = input_ids.as_ref().map(|ids| ids.len() as u64);
-    let prompt_key = input_ids.map(|ids| {
-        let mut h = DefaultHasher::new();
-        ids.hash(&mut h);
-        h.finish()
-    });
+    // A fixed seed: the same prompt has the same key in every run (replays reproduce).
+    let prompt_key = input_ids.map(|ids| foldhash::fast::FixedState::default().hash_one(ids));
     let sampling = f
         .get("sampling_params")
         .map(|s| sampling(s, table))
