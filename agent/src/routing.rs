@@ -2,7 +2,7 @@
 //! to attach) is the process itself or its nearest traced ancestor. Processes are announced
 //! before anything else of theirs (at attach, and as they fork or exec), parents before their
 //! children, so each is placed by its parent's owner when it is announced.
-use std::collections::HashMap;
+use crate::FastMap;
 
 use crate::capture::ProcessInfo;
 
@@ -10,8 +10,8 @@ use crate::capture::ProcessInfo;
 #[derive(Debug, Default)]
 pub struct Owners {
     /// Each target's pid, and its instance.
-    roots: HashMap<u32, usize>,
-    owner: HashMap<u32, usize>,
+    roots: FastMap<u32, usize>,
+    owner: FastMap<u32, usize>,
 }
 
 impl Owners {

@@ -5,7 +5,8 @@
 //! Records are put back in order here, and anything missing (a lost record, a whole lost
 //! syscall, a payload past the capture cap) becomes a `gap` for the decoder, so a decoder never
 //! sees bytes glued across a hole.
-use std::collections::{BTreeMap, HashMap};
+use crate::FastMap;
+use std::collections::BTreeMap;
 
 use infertrace_common::{ElidedWrite, IoRecord, SseTemplate, direction, io_flags};
 
@@ -607,7 +608,7 @@ const TEMPLATE_HOLD_NS: u64 = 1_000_000_000;
 #[derive(Default)]
 struct Templates {
     /// Per process: its template and when it was set (capture time).
-    set: HashMap<u32, (SseTemplate, u64)>,
+    set: FastMap<u32, (SseTemplate, u64)>,
     /// New templates for the kernel.
     changes: Vec<(u32, SseTemplate)>,
 }
@@ -638,7 +639,7 @@ impl Templates {
 /// All flows of all traced processes.
 #[derive(Default)]
 pub struct FlowTable {
-    flows: HashMap<FlowKey, Flow>,
+    flows: FastMap<FlowKey, Flow>,
     cuda: CudaDecoder,
     python: PythonSamples,
     stats: FlowStats,

@@ -6,7 +6,7 @@
 //! instance's, whose identity attributes every one of its series carries, so that two engines
 //! of one kind (two vLLM servers with the same model) never add up into one series.
 use std::{
-    collections::{BTreeMap, HashMap, hash_map::Entry},
+    collections::{BTreeMap, hash_map::Entry},
     sync::Arc,
 };
 
@@ -101,7 +101,7 @@ type SeriesKey = (&'static str, Scope, DimsId);
 
 /// The maps every update looks in are hashed: ordered maps compared the key's strings some ten
 /// times a lookup (3.5 % of a vLLM replay). What reads them in order sorts what it reads.
-type Hashed<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type Hashed<K, V> = crate::FastMap<K, V>;
 
 #[derive(Debug, Default)]
 pub struct Registry {

@@ -46,7 +46,8 @@
 //! thread then waited for a CPU. A message sent with neither keeps its send time (counted): the
 //! I/O thread was awake already, busy or waiting for a CPU, and the application's send left no
 //! syscall.
-use std::collections::{HashMap, VecDeque};
+use crate::FastMap;
+use std::collections::VecDeque;
 
 use super::{
     send_probe::{LateMatch, SendProbe},
@@ -137,7 +138,7 @@ struct Arrival {
 /// One process's ZeroMQ sockets, as far as its wakeups tell.
 #[derive(Default)]
 struct Process {
-    votes: HashMap<u32, u32>,
+    votes: FastMap<u32, u32>,
     mailbox: Option<u32>,
     /// The messages of the latest read with no mailbox write since (one read can bring
     /// several, each completed at its instant); they may be about to signal.
@@ -159,19 +160,19 @@ struct Process {
     long_iterations: u64,
     /// The latest eventfd writes (fd, ns), oldest first.
     recent_writes: VecDeque<(u32, u64)>,
-    send_votes: HashMap<u32, u32>,
+    send_votes: FastMap<u32, u32>,
     /// The I/O thread's mailbox, written by the application thread to have a message sent.
     send_mailbox: Option<u32>,
     /// The application's sends as libzmq's probe saw them.
     send_probe: SendProbe,
     /// The key of the latest message sent per fd (see [`Handoffs::sent`]).
-    latest_sent: HashMap<u32, u64>,
+    latest_sent: FastMap<u32, u64>,
 }
 
 /// Take-over instants of received messages, per process process.
 #[derive(Default)]
 pub struct Handoffs {
-    processes: HashMap<u32, Process>,
+    processes: FastMap<u32, Process>,
     taken: TakenInstants,
     pub stats: HandoffStats,
 }
@@ -180,7 +181,7 @@ pub struct Handoffs {
 /// [`MAX_KEPT`].
 #[derive(Default)]
 struct TakenInstants {
-    by_capture: HashMap<u64, u64>,
+    by_capture: FastMap<u64, u64>,
     order: VecDeque<u64>,
 }
 
@@ -471,7 +472,7 @@ impl Process {
 }
 
 /// One vote for `fd`; the fd with the most votes (at least [`VOTES_NEEDED`]) is the mailbox.
-fn vote(votes: &mut HashMap<u32, u32>, mailbox: &mut Option<u32>, fd: u32) {
+fn vote(votes: &mut FastMap<u32, u32>, mailbox: &mut Option<u32>, fd: u32) {
     if elected(votes, *mailbox, fd, VOTES_NEEDED) {
         *mailbox = Some(fd);
     }

@@ -1,12 +1,15 @@
 //! The election rule the hand-over timing, the send probes and SGLang's scheduler loop share:
 //! a candidate (a mailbox fd, a socket) wins once it has enough votes and more than the
 //! current winner. Kept apart so that none of its users imports another.
-use std::{collections::HashMap, hash::Hash};
+use std::{
+    collections::HashMap,
+    hash::{BuildHasher, Hash},
+};
 
 /// One vote for `candidate`: true when it now has at least `needed` votes and more than the
 /// current `winner`.
-pub fn elected<K: Copy + Eq + Hash>(
-    votes: &mut HashMap<K, u32>,
+pub fn elected<K: Copy + Eq + Hash, S: BuildHasher>(
+    votes: &mut HashMap<K, u32, S>,
     winner: Option<K>,
     candidate: K,
     needed: u32,

@@ -19,7 +19,7 @@
 //! where its eventfds show it (`handoff`: a message taken over by main's event loop or the
 //! scheduler's loop, a message handed to the I/O thread); the scheduler's time stats are its
 //! `time.perf_counter()`, the same clock, in seconds.
-use std::collections::{HashMap, HashSet};
+use crate::{FastMap, FastSet};
 
 use super::{
     dispatch_start::DispatchStarts,
@@ -418,15 +418,15 @@ pub struct SglangStats {
 pub struct SglangTracker {
     decoder: SglangDecoder,
     /// Scheduler processes' ranks, from their titles.
-    ranks: HashMap<u32, Ranks>,
+    ranks: FastMap<u32, Ranks>,
     /// DP controller processes, from their titles.
-    dp_controllers: HashSet<u32>,
+    dp_controllers: FastSet<u32>,
     /// Main processes' `--stream-interval`, from their command lines.
-    stream_intervals: HashMap<u32, u64>,
+    stream_intervals: FastMap<u32, u64>,
     /// Main processes whose schedulers do not run the overlap loop.
-    no_overlap: HashSet<u32>,
+    no_overlap: FastSet<u32>,
     /// Main processes of PD-disaggregated servers, and their part.
-    pd_roles: HashMap<u32, PdRole>,
+    pd_roles: FastMap<u32, PdRole>,
     loops: SchedulerLoops,
     in_flight: InFlight<SglangTimeline>,
     joiner: Joiner<SglangTimeline>,
@@ -438,7 +438,7 @@ pub struct SglangTracker {
     /// What the processes after main did with requests (rid -> process, hop, when), decoded
     /// before main's send of the same request: each side's record is stamped when its syscall
     /// returned, and the reader's can return first (or land in an earlier drain).
-    early_receipts: HashMap<String, Vec<(u32, Hop, u64)>>,
+    early_receipts: FastMap<String, Vec<(u32, Hop, u64)>>,
     retraction_log: RetractionLog,
     output_receipts: OutputReceipts,
     pub stats: SglangStats,
@@ -448,11 +448,11 @@ impl Default for SglangTracker {
     fn default() -> Self {
         Self {
             decoder: SglangDecoder::default(),
-            ranks: HashMap::new(),
-            dp_controllers: HashSet::new(),
-            stream_intervals: HashMap::new(),
-            no_overlap: HashSet::new(),
-            pd_roles: HashMap::new(),
+            ranks: FastMap::default(),
+            dp_controllers: FastSet::default(),
+            stream_intervals: FastMap::default(),
+            no_overlap: FastSet::default(),
+            pd_roles: FastMap::default(),
             loops: SchedulerLoops::default(),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
             joiner: Joiner::default(),
@@ -460,7 +460,7 @@ impl Default for SglangTracker {
             dispatch_starts: DispatchStarts::default(),
             now_ns: 0,
             reports: Vec::new(),
-            early_receipts: HashMap::new(),
+            early_receipts: FastMap::default(),
             retraction_log: RetractionLog::default(),
             output_receipts: OutputReceipts::default(),
             stats: SglangStats::default(),
