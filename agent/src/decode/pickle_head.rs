@@ -77,6 +77,18 @@ impl<'a> StructHead<'a> {
         walked
     }
 
+    /// Walk the next field, which must be named `name` and hold a string: that string (what
+    /// follows it is still to be checked with [`Self::at_field`]).
+    pub fn text(&mut self, name: &str) -> Option<&'a str> {
+        let mut w = self.walker();
+        if w.string()? != name {
+            return None;
+        }
+        let text = w.string()?;
+        self.at = w.at;
+        Some(text)
+    }
+
     /// Whether the next field is named `name`.
     pub fn at_field(&self, name: &str) -> bool {
         self.walker().string() == Some(name)
@@ -263,6 +275,24 @@ mod tests {
         assert!(walked.starts_with(b"\x8c\x04rids\x94]\x94(\x8c\x01a"));
         assert!(walked.ends_with(b"\x8c\x01x\x94a"));
         assert!(!head.field("more"), "the fields end");
+    }
+
+    #[test]
+    fn a_string_field_is_read() {
+        let mut p = batch();
+        // rids='a': a string where the list was.
+        let start = p.windows(6).position(|w| w == b"rids\x94]").unwrap() + 5;
+        let end = p.windows(2).position(|w| w == b"e\x8c").unwrap() + 1;
+        p.splice(start..end, [0x8c, 1, b'a', 0x94]);
+        let mut head = struct_head(&p).unwrap();
+        assert_eq!(head.text("http_worker_ipcs"), None, "not the next field");
+        assert_eq!(head.text("rids"), Some("a"));
+        assert!(head.at_field("http_worker_ipcs"));
+        assert_eq!(head.text("http_worker_ipcs"), None, "None is no string");
+        assert!(
+            head.at_field("http_worker_ipcs"),
+            "a failed read moves nothing"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! used is fixed by class and direction, so nothing counts twice:
 //! - `TokenizedGenerateReqInput` leaving main: the request (`sent_ns`; its dispatch began at
 //!   its serialization, `dispatch_start`); entering the scheduler: when the scheduler got it
-//!   (`scheduler_recv_ns`). With data parallelism (`--dp-size`) it passes through the DP
+//!   (`scheduler_recv_ns`), read for its request id alone (`SglangDecoder::request_rid`). With data parallelism (`--dp-size`) it passes through the DP
 //!   controller on its way: entering it, then leaving it for one of the schedulers
 //!   (`dp_controller`).
 //! - `BatchTokenIDOutput` leaving the scheduler: when the scheduler finished the step that
@@ -562,6 +562,13 @@ impl SglangTracker {
                 outgoing,
                 message,
             } => {
+                // A scheduler's (or DP controller's) receipt of a request is read for its id
+                // alone: main's send of it was decoded in full.
+                if !*outgoing && let Some(rid) = self.decoder.request_rid(&message.frames) {
+                    let last_ns = message.last_ns.max(message.first_ns);
+                    self.request_received(*tgid, rid, last_ns);
+                    return;
+                }
                 let decoded = match self.receipt_of_a_send(&message.frames, *outgoing) {
                     Some(items) => Some(Ok(SglangMessage::Outputs(SglangOutputs {
                         stage: OutputStage::Strings,
@@ -652,17 +659,7 @@ impl SglangTracker {
                 }
                 self.stats.evicted += self.in_flight.insert(r.rid.clone(), timeline);
             }
-            (SglangMessage::Request(r), false) => {
-                // The scheduler's and the DP controller's loops are no asyncio loops.
-                self.handoffs
-                    .received(tgid, last_ns, true, Handling::AtTakeOver);
-                let hop = if dp_controller {
-                    Hop::DpControllerReceived
-                } else {
-                    Hop::SchedulerReceived
-                };
-                self.hop(&r.rid, tgid, hop, last_ns);
-            }
+            (SglangMessage::Request(r), false) => self.request_received(tgid, &r.rid, last_ns),
             (SglangMessage::Outputs(o), true) if o.stage == OutputStage::TokenIds => {
                 match self.prebuilt_hand_over(tgid, &o.items, first_ns) {
                     Some(handed_over) => self.loops.prebuilt_output(tgid, handed_over),
@@ -717,6 +714,20 @@ impl SglangTracker {
             }
             _ => {}
         }
+    }
+
+    /// A scheduler or the DP controller (`tgid`) received request `rid`, its receipt ending
+    /// at `last_ns`.
+    fn request_received(&mut self, tgid: u32, rid: &str, last_ns: u64) {
+        // The scheduler's and the DP controller's loops are no asyncio loops.
+        self.handoffs
+            .received(tgid, last_ns, true, Handling::AtTakeOver);
+        let hop = if self.dp_controllers.contains(&tgid) {
+            Hop::DpControllerReceived
+        } else {
+            Hop::SchedulerReceived
+        };
+        self.hop(rid, tgid, hop, last_ns);
     }
 
     /// Process `pid` did `hop` with request `rid` at `ns`: kept until main's send of it is

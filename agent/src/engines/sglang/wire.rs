@@ -482,6 +482,37 @@ impl SglangDecoder {
         Some((stage, &start[..start.len() - rest.len()]))
     }
 
+    /// The request id of a `TokenizedGenerateReqInput`, read from its first field without
+    /// decoding the message: all a scheduler's or a DP controller's receipt of a request is
+    /// read for (main's send of it is decoded in full). None for any other message, or a
+    /// layout this does not read (the message is then decoded).
+    pub fn request_rid<'f>(&self, frames: &'f [Vec<u8>]) -> Option<&'f str> {
+        const CLASS: &str = "TokenizedGenerateReqInput";
+        let first = frames.first()?;
+        let fields = self.table.fields(CLASS)?;
+        let ["rid", next, ..] = fields else {
+            return None;
+        };
+        if is_pickled(frames) {
+            let mut head = pickle_head::struct_head(first)?;
+            if (head.module, head.class) != (IO_STRUCT_MODULE, CLASS) {
+                return None;
+            }
+            let rid = head.text("rid")?;
+            return head.at_field(next).then_some(rid);
+        }
+        // msgpack: `[class, rid, ...]`, with as many fields as the table lays out.
+        let mut rest = first.as_slice();
+        let len = rmp::decode::read_array_len(&mut rest).ok()?;
+        let (class, rest) = rmp::decode::read_str_from_slice(rest).ok()?;
+        if class != CLASS || len as usize != fields.len() + 1 {
+            return None;
+        }
+        rmp::decode::read_str_from_slice(rest)
+            .ok()
+            .map(|(rid, _)| rid)
+    }
+
     /// A pickled io_struct instance, read in place.
     fn pickled(&self, data: &[u8], buffers: &[Vec<u8>]) -> Result<SglangMessage, SglangError> {
         let pickle = pickle::parse(data, buffers)?;
@@ -928,6 +959,83 @@ mod tests {
         let mut short = message("BatchStrOutput", &leading);
         short.truncate(short.len() - FIELDS_0_5.fields("BatchStrOutput").unwrap().len() + 2);
         assert_eq!(decoder.output_head(&[short]), None);
+    }
+
+    /// A msgspec Struct of io_struct pickled as protocol 5 writes it, each value given as its
+    /// opcodes.
+    fn struct_pickle(class: &str, fields: &[(&str, &[u8])]) -> Vec<u8> {
+        let text = |p: &mut Vec<u8>, text: &str| {
+            p.push(0x8c);
+            p.push(text.len() as u8);
+            p.extend(text.as_bytes());
+            p.push(0x94);
+        };
+        let mut p = vec![0x80, 5, 0x95];
+        p.extend(0u64.to_le_bytes());
+        text(&mut p, "msgspec._utils");
+        text(&mut p, "rebuild");
+        p.extend([0x93, 0x94]);
+        text(&mut p, IO_STRUCT_MODULE);
+        text(&mut p, class);
+        p.extend([0x93, 0x94, b'}', 0x94, b'(']);
+        for (name, value) in fields {
+            text(&mut p, name);
+            p.extend(*value);
+        }
+        p.extend([b'u', 0x86, 0x94, b'R', 0x94, b'.']);
+        p
+    }
+
+    #[test]
+    fn a_requests_id_is_read_without_decoding_it() {
+        let decoder = SglangDecoder::default();
+        const CLASS: &str = "TokenizedGenerateReqInput";
+        let rid = b"\x8c\x03abc\x94";
+        let pickled = |class: &str, rid: &[u8], next: &str| {
+            vec![struct_pickle(
+                class,
+                &[("rid", rid), (next, b"N"), ("input_ids", b"]\x94")],
+            )]
+        };
+        let frames = pickled(CLASS, rid, "http_worker_ipc");
+        assert_eq!(decoder.request_rid(&frames), Some("abc"));
+        let Some(Ok(SglangMessage::Request(r))) = decoder.decode(&frames) else {
+            panic!("not decoded");
+        };
+        assert_eq!(r.rid, "abc", "the same id as the decoder reads");
+        // Another class, a rid that is no string, a layout that is not the table's.
+        assert_eq!(
+            decoder.request_rid(&pickled("AbortReq", rid, "http_worker_ipc")),
+            None
+        );
+        assert_eq!(
+            decoder.request_rid(&pickled(CLASS, b"N", "http_worker_ipc")),
+            None
+        );
+        assert_eq!(
+            decoder.request_rid(&pickled(CLASS, rid, "input_text")),
+            None
+        );
+        // msgpack: by position, with the table's field count.
+        let fields = FIELDS_0_5.fields(CLASS).unwrap().len();
+        let message = |class: &str, rid: Value, fields: usize| {
+            let mut values = vec![s(class), rid];
+            values.resize(1 + fields, Value::Nil);
+            vec![enc(&Value::Array(values))]
+        };
+        assert_eq!(
+            decoder.request_rid(&message(CLASS, s("abc"), fields)),
+            Some("abc")
+        );
+        assert_eq!(
+            decoder.request_rid(&message(CLASS, s("abc"), fields - 1)),
+            None
+        );
+        assert_eq!(
+            decoder.request_rid(&message(CLASS, Value::Nil, fields)),
+            None
+        );
+        assert_eq!(decoder.request_rid(&message("AbortReq", s("abc"), 5)), None);
     }
 
     #[test]
