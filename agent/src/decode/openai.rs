@@ -6,7 +6,7 @@
 use std::{borrow::Cow, collections::BTreeMap};
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, value::RawValue};
 
 use super::http::HttpExchange;
 
@@ -95,6 +95,55 @@ struct ChunkDelta<'a> {
     tool_calls: Option<Value>,
 }
 
+/// What is read of a request's JSON body. The input (a prompt, messages) is most of the body
+/// and is only exported when content is captured: it is kept as the client wrote it, not
+/// parsed into a `Value` and written out again for every request. Scalars stay `Value`s, so
+/// that one of an unexpected type leaves that attribute absent, not the body unread.
+#[derive(Deserialize)]
+struct RequestBody<'a> {
+    model: Option<Value>,
+    user: Option<Value>,
+    n: Option<Value>,
+    temperature: Option<Value>,
+    top_p: Option<Value>,
+    top_k: Option<Value>,
+    max_completion_tokens: Option<Value>,
+    max_tokens: Option<Value>,
+    stream: Option<Value>,
+    tools: Option<Value>,
+    #[serde(borrow)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow)]
+    query: Option<&'a RawValue>,
+    #[serde(borrow)]
+    documents: Option<&'a RawValue>,
+}
+
+/// A request's input as the client wrote it (JSON text): `messages`, `prompt`, `input` or
+/// `query`, and a rerank's `documents`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestInput {
+    pub value: String,
+    pub documents: Option<String>,
+}
+
+impl RequestInput {
+    /// `gen_ai.input.messages`: the input as compact JSON (with the documents, a rerank's
+    /// `{"documents": .., "query": ..}`).
+    pub fn messages(&self) -> Option<String> {
+        let value: Value = serde_json::from_str(&self.value).ok()?;
+        let documents = self.documents.as_deref().map(serde_json::from_str::<Value>);
+        Some(match documents {
+            Some(docs) => serde_json::json!({"query": value, "documents": docs.ok()?}).to_string(),
+            None => value.to_string(),
+        })
+    }
+}
+
 /// One API call, as seen on the wire.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ApiCall {
@@ -107,8 +156,8 @@ pub struct ApiCall {
     pub max_tokens: Option<u64>,
     pub stream: bool,
     pub user: Option<String>,
-    /// The request's input (`messages`, `prompt`, `input`, `query`+`documents`) as JSON text.
-    pub input_messages: Option<String>,
+    /// The request's input (`messages`, `prompt`, `input`, `query`+`documents`).
+    pub input: Option<RequestInput>,
     /// The W3C `traceparent` header.
     pub traceparent: Option<String>,
     /// HTTP status (None: no response seen, e.g. the client went away).
@@ -165,8 +214,8 @@ impl ApiCall {
                 .map(|v| v.trim().to_owned()),
             ..ApiCall::default()
         };
-        if let Ok(body) = serde_json::from_slice::<Value>(&request.body) {
-            call.read_request(&body);
+        if let Ok(body) = serde_json::from_slice::<RequestBody>(&request.body) {
+            call.read_request(body);
         }
         if let Some(response) = &exchange.response {
             call.status = Some(response.status);
@@ -203,29 +252,39 @@ impl ApiCall {
         Some(call)
     }
 
-    fn read_request(&mut self, body: &Value) {
-        let str_of = |key: &str| body.get(key).and_then(Value::as_str).map(str::to_owned);
-        self.model = str_of("model");
-        self.user = str_of("user");
-        self.n = body.get("n").and_then(Value::as_u64);
-        self.temperature = body.get("temperature").and_then(Value::as_f64);
-        self.top_p = body.get("top_p").and_then(Value::as_f64);
-        self.top_k = body.get("top_k").and_then(Value::as_i64);
+    fn read_request(&mut self, body: RequestBody) {
+        let text = |v: Option<Value>| match v {
+            Some(Value::String(text)) => Some(text),
+            _ => None,
+        };
+        self.model = text(body.model);
+        self.user = text(body.user);
+        self.n = body.n.as_ref().and_then(Value::as_u64);
+        self.temperature = body.temperature.as_ref().and_then(Value::as_f64);
+        self.top_p = body.top_p.as_ref().and_then(Value::as_f64);
+        self.top_k = body.top_k.as_ref().and_then(Value::as_i64);
         self.max_tokens = body
-            .get("max_completion_tokens")
-            .or_else(|| body.get("max_tokens"))
+            .max_completion_tokens
+            .or(body.max_tokens)
+            .as_ref()
             .and_then(Value::as_u64);
-        self.stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        self.stream = body
+            .stream
+            .as_ref()
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         self.has_tools = body
-            .get("tools")
+            .tools
+            .as_ref()
             .and_then(Value::as_array)
             .is_some_and(|tools| !tools.is_empty());
-        self.input_messages = ["messages", "prompt", "input", "query"]
-            .iter()
-            .find_map(|key| body.get(*key))
-            .map(|v| match body.get("documents") {
-                Some(docs) => serde_json::json!({"query": v, "documents": docs}).to_string(),
-                None => v.to_string(),
+        self.input = [body.messages, body.prompt, body.input, body.query]
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|value| RequestInput {
+                value: value.get().to_owned(),
+                documents: body.documents.map(|docs| docs.get().to_owned()),
             });
     }
 
@@ -404,7 +463,7 @@ mod tests {
             Some(r#"[{"content":"a","role":"assistant"},{"content":"b","role":"assistant"}]"#)
         );
         assert_eq!(
-            call.input_messages.as_deref(),
+            call.input.and_then(|input| input.messages()).as_deref(),
             Some(r#"[{"content":"hi","role":"user"}]"#)
         );
     }
@@ -553,6 +612,41 @@ mod tests {
         );
         assert_eq!(call.tool_calls.len(), 1);
         assert!(call.content_event_ns.is_empty());
+    }
+
+    #[test]
+    fn a_requests_input_is_exported_compact_and_odd_fields_are_left_out() {
+        let e = exchange(
+            "/v1/rerank",
+            r#"{"model": 7, "temperature": "hot", "top_k": 5, "query": "q ?",
+                "documents": [ "a",  "b" ], "prompt": null}"#,
+            200,
+            "{}",
+        );
+        let call = ApiCall::from_exchange(&e).unwrap();
+        assert_eq!(call.model, None, "a model that is no string is absent");
+        assert_eq!(call.temperature, None);
+        assert_eq!(call.top_k, Some(5), "the other fields are read");
+        let input = call.input.expect("the query");
+        assert_eq!(input.value, r#""q ?""#, "kept as written");
+        assert_eq!(
+            input.messages().as_deref(),
+            Some(r#"{"documents":["a","b"],"query":"q ?"}"#)
+        );
+        let e = exchange(
+            "/v1/completions",
+            r#"{"prompt": [1, 2], "input": "x"}"#,
+            200,
+            "{}",
+        );
+        let input = ApiCall::from_exchange(&e).unwrap().input.unwrap();
+        assert_eq!(
+            input.messages().as_deref(),
+            Some("[1,2]"),
+            "the first key of the list"
+        );
+        let e = exchange("/v1/completions", r#"["not", "an", "object"]"#, 200, "{}");
+        assert_eq!(ApiCall::from_exchange(&e).unwrap().input, None);
     }
 
     #[test]

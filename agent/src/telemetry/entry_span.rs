@@ -4,6 +4,7 @@ use super::{
     Clock, SpanOptions,
     span::{AttrValue, Attributes, IdGenerator, Span, parse_traceparent},
 };
+use crate::decode::openai::RequestInput;
 use crate::engines::common::join::{ApiExchange, EngineSide};
 
 pub fn entry_span(
@@ -50,7 +51,11 @@ pub fn entry_span(
     let total = call.usage.total.or(input.zip(output).map(|(i, o)| i + o));
     push_opt(&mut a, "gen_ai.usage.total_tokens", total);
     if options.capture_content {
-        push_opt(&mut a, "gen_ai.input.messages", call.input_messages.clone());
+        push_opt(
+            &mut a,
+            "gen_ai.input.messages",
+            call.input.as_ref().and_then(RequestInput::messages),
+        );
         push_opt(
             &mut a,
             "gen_ai.output.messages",

@@ -319,7 +319,7 @@ mod tests {
     }
 
     use crate::{
-        decode::openai::{ApiCall, Operation, Usage},
+        decode::openai::{ApiCall, Operation, RequestInput, Usage},
         engines::vllm::{
             tracker::RequestStep,
             wire::{FinishReason, Sampling},
@@ -404,7 +404,11 @@ mod tests {
                 operation: Some(Operation::Chat),
                 model: Some("tiny".into()),
                 max_tokens: Some(4),
-                input_messages: Some(r#"[{"content":"hi","role":"user"}]"#.into()),
+                input: Some(RequestInput {
+                    // As a client writes it: exported compact, its keys in order.
+                    value: r#"[ {"role": "user", "content": "hi"} ]"#.into(),
+                    documents: None,
+                }),
                 status: Some(200),
                 response_id: Some("chatcmpl-X".into()),
                 response_model: Some("tiny".into()),
