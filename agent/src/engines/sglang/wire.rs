@@ -13,7 +13,7 @@
 //! A pickle is read in place ([`pickle::parse`]), a msgpack message turned into a field dict
 //! ([`PyValue`]), and the typed messages are read from either by name, by the same code
 //! ([`PyRead`]).
-use std::hash::BuildHasher;
+use std::{cell::RefCell, hash::BuildHasher};
 
 use rmpv::Value;
 
@@ -414,11 +414,16 @@ pub fn is_pickled(frames: &[Vec<u8>]) -> bool {
 /// Decodes SGLang messages of either encoding.
 pub struct SglangDecoder {
     table: &'static FieldTable,
+    /// The pickle machine's buffers, from one message to the next.
+    scratch: RefCell<pickle::Scratch>,
 }
 
 impl Default for SglangDecoder {
     fn default() -> Self {
-        Self { table: &FIELDS_0_5 }
+        Self {
+            table: &FIELDS_0_5,
+            scratch: RefCell::default(),
+        }
     }
 }
 
@@ -515,13 +520,21 @@ impl SglangDecoder {
 
     /// A pickled io_struct instance, read in place.
     fn pickled(&self, data: &[u8], buffers: &[Vec<u8>]) -> Result<SglangMessage, SglangError> {
-        let pickle = pickle::parse(data, buffers)?;
-        match pickle.root().instance() {
-            Some((module, class, fields)) if module == IO_STRUCT_MODULE => {
-                typed(class, fields, self.table)
-            }
-            _ => Err(SglangError::Field("message", "io_struct instance")),
-        }
+        let mut scratch = self.scratch.take();
+        let message = pickle::parse_with(&mut scratch, data, buffers)
+            .map_err(SglangError::from)
+            .and_then(|pickle| {
+                let message = match pickle.root().instance() {
+                    Some((module, class, fields)) if module == IO_STRUCT_MODULE => {
+                        typed(class, fields, self.table)
+                    }
+                    _ => Err(SglangError::Field("message", "io_struct instance")),
+                };
+                pickle.recycle(&mut scratch);
+                message
+            });
+        self.scratch.replace(scratch);
+        message
     }
 
     /// A msgpack `[class, fields...]` array as (class, field dict); None when it is not one.
