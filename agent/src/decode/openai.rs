@@ -123,6 +123,14 @@ struct RequestBody<'a> {
     documents: Option<&'a RawValue>,
 }
 
+/// A JSON object's text with each key once, its last value kept (None: no JSON object).
+fn last_of_each_key(body: &[u8]) -> Option<String> {
+    match serde_json::from_slice::<Value>(body).ok()? {
+        object @ Value::Object(_) => Some(object.to_string()),
+        _ => None,
+    }
+}
+
 /// A request's input as the client wrote it (JSON text): `messages`, `prompt`, `input` or
 /// `query`, and a rerank's `documents`.
 #[derive(Clone, Debug, PartialEq)]
@@ -214,8 +222,17 @@ impl ApiCall {
                 .map(|v| v.trim().to_owned()),
             ..ApiCall::default()
         };
-        if let Ok(body) = serde_json::from_slice::<RequestBody>(&request.body) {
-            call.read_request(body);
+        match serde_json::from_slice::<RequestBody>(&request.body) {
+            Ok(body) => call.read_request(body),
+            // A key given twice is refused by a typed read, where Python's json (the
+            // engine's) keeps the last: read it as the engine did.
+            Err(_) => {
+                if let Some(text) = last_of_each_key(&request.body)
+                    && let Ok(body) = serde_json::from_str::<RequestBody>(&text)
+                {
+                    call.read_request(body);
+                }
+            }
         }
         if let Some(response) = &exchange.response {
             call.status = Some(response.status);
@@ -647,6 +664,17 @@ mod tests {
         );
         let e = exchange("/v1/completions", r#"["not", "an", "object"]"#, 200, "{}");
         assert_eq!(ApiCall::from_exchange(&e).unwrap().input, None);
+        // A key given twice: the last one counts, as in the engine's Python.
+        let e = exchange(
+            "/v1/completions",
+            r#"{"model": "a", "prompt": "x", "model": "b", "max_tokens": 3}"#,
+            200,
+            "{}",
+        );
+        let call = ApiCall::from_exchange(&e).unwrap();
+        assert_eq!(call.model.as_deref(), Some("b"));
+        assert_eq!(call.max_tokens, Some(3));
+        assert_eq!(call.input.unwrap().value, r#""x""#);
     }
 
     #[test]

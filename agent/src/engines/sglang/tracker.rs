@@ -5,9 +5,9 @@
 //! used is fixed by class and direction, so nothing counts twice:
 //! - `TokenizedGenerateReqInput` leaving main: the request (`sent_ns`; its dispatch began at
 //!   its serialization, `dispatch_start`); entering the scheduler: when the scheduler got it
-//!   (`scheduler_recv_ns`), read for its request id alone (`SglangDecoder::request_rid`). With data parallelism (`--dp-size`) it passes through the DP
-//!   controller on its way: entering it, then leaving it for one of the schedulers
-//!   (`dp_controller`).
+//!   (`scheduler_recv_ns`), read for its request id alone (`SglangDecoder::request_rid`).
+//!   With data parallelism (`--dp-size`) it passes through the DP controller on its way:
+//!   entering it, then leaving it for one of the schedulers (`dp_controller`).
 //! - `BatchTokenIDOutput` leaving the scheduler: when the scheduler finished the step that
 //!   produced it (`scheduler_output_ns`), and its time stats as the scheduler wrote them.
 //! - `BatchStrOutput` entering main: what the frontend learnt and when (first output, finish,
