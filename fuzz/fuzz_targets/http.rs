@@ -1,5 +1,6 @@
 //! Fuzzes the HTTP/1.x exchange decoder: any sequence of syscall feeds, gaps and closes on
-//! either direction must neither panic nor break the decoder's output invariants.
+//! either direction must neither panic nor break the decoder's output invariants; each
+//! exchange is also read as an OpenAI API call.
 //!
 //! Input format, repeated until the input ends: a control byte, then for feeds a length byte
 //! and that many bytes (fewer if the input ends). Control byte: bit 7 = direction (1 = client
@@ -8,7 +9,10 @@
 //! the timestamp, so equal and increasing timestamps both occur.
 #![no_main]
 
-use infertrace::decode::http::{HttpConnection, HttpExchange, MAX_BODY};
+use infertrace::decode::{
+    http::{HttpConnection, HttpExchange, MAX_BODY},
+    openai::{ApiCall, RequestInput},
+};
 use infertrace_common::ElidedWrite;
 use libfuzzer_sys::fuzz_target;
 
@@ -25,6 +29,11 @@ fn check(out: &[HttpExchange]) {
         if let Some(r) = &x.response {
             assert!(r.body.len() <= MAX_BODY);
             assert!(r.first_ns <= r.last_ns);
+        }
+        // What is read of the API call (request JSON, response JSON or SSE chunks) never
+        // panics either.
+        if let Some(call) = ApiCall::from_exchange(x) {
+            let _ = call.input.as_ref().and_then(RequestInput::messages);
         }
     }
 }
