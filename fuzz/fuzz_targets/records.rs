@@ -3,7 +3,7 @@
 #![no_main]
 
 use infertrace::{
-    capture::{CaptureEvent, records, recording::Reader},
+    capture::{CaptureEvent, recording::Reader, records},
     decode::flows::FlowTable,
 };
 use libfuzzer_sys::fuzz_target;

@@ -12,7 +12,10 @@ fuzz_target!(|data: &[u8]| {
     let frames = [data.to_vec()];
     let _ = decoder.decode(&frames);
     if let Some((_, leading)) = decoder.output_head(&frames) {
-        assert!(leading.len() < data.len(), "the leading fields lie inside the message");
+        assert!(
+            leading.len() < data.len(),
+            "the leading fields lie inside the message"
+        );
     }
     if let Some(rid) = decoder.request_rid(&frames) {
         assert!(rid.len() < data.len(), "the id lies inside the message");

@@ -61,7 +61,9 @@ fuzz_target!(|data: &[u8]| {
     let frames = split(rest);
     for frame in &frames {
         let (mut ours, mut theirs) = (&frame[..], &frame[..]);
-        let ours = msgpack::read_value(&mut ours, 64).ok().map(|v| (format!("{v:?}"), ours.len()));
+        let ours = msgpack::read_value(&mut ours, 64)
+            .ok()
+            .map(|v| (format!("{v:?}"), ours.len()));
         let theirs = rmpv::decode::read_value_with_max_depth(&mut theirs, 64)
             .ok()
             .map(|v| (format!("{v:?}"), theirs.len()));
@@ -69,7 +71,10 @@ fuzz_target!(|data: &[u8]| {
         let mut rest = &frame[..];
         let lazy = msgpack::Lazy::read(&mut rest, 64).ok();
         let in_place = lazy.map(|v| (format!("{:?}", v.to_value()), rest.len()));
-        assert_eq!(in_place, ours, "reading in place disagrees with the value tree");
+        assert_eq!(
+            in_place, ours,
+            "reading in place disagrees with the value tree"
+        );
     }
     let mut input = frames.clone();
     if mode & 1 == 1 {
