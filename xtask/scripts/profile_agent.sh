@@ -8,7 +8,8 @@
 #
 # Attaches BIN (default target/release/infertrace) with --output none (and AGENT_FLAGS), waits for it to settle,
 # runs the engine's own serving benchmark (N streamed requests, 256 tokens in, 64 out) and
-# prints the agent's CPU per request during the load, the API server's CPU, and the runs and
+# prints the agent's CPU per request during the load (and above its idle rate, measured for 5 s
+# before: the load's window holds the benchmark client's start), the API server's CPU, and the runs and
 # time of each kernel program (kernel.bpf_stats_enabled). WARMUP=M first runs a load of M
 # requests with the agent attached, not measured: what an agent that has run a while costs
 # (the Python code objects and stacks it names once are named by then). PERF=1 also records the agent with
@@ -38,7 +39,7 @@ serve() {
     "$HOME_DIR/venv/bin/python" -m sglang.bench_serving --backend sglang-oai --random-range-ratio 1 \
       --output-file "$OUT/bench.jsonl" \
       --dataset-name random-ids "${common[@]}"
-  fi 2>&1 | grep -E 'Output token throughput|Mean TTFT'
+  fi 2>&1 | grep -E 'Benchmark duration|Output token throughput|Mean TTFT'
 }
 prog_stats() {
   bpftool prog show -j | python3 -c 'import json, sys
@@ -53,6 +54,9 @@ AGENT_PID=$!
 trap 'kill -TERM $AGENT_PID 2>/dev/null || true' EXIT
 sleep 4
 if [ "$WARMUP" -gt 0 ]; then serve "$WARMUP" >/dev/null; fi
+# The attached agent's CPU while the engine is idle (its timers, Python sampling): the
+# measured window below also holds the benchmark client's start, tens of seconds for SGLang's.
+i0=$(cpu_ns $AGENT_PID); sleep 5; i1=$(cpu_ns $AGENT_PID)
 prog_stats | sort >"$OUT/before"
 a0=$(cpu_ns $AGENT_PID); s0=$(cpu_ticks "$PID"); t0=$(date +%s.%N)
 if [ "$PERF" = 1 ]; then
@@ -65,12 +69,16 @@ if [ "$PERF" = 1 ]; then kill -INT $PERF_PID; wait $PERF_PID || true; fi
 prog_stats | sort >"$OUT/after"
 kill -TERM $AGENT_PID; wait $AGENT_PID || true
 sysctl -qw kernel.bpf_stats_enabled=0
-python3 - "$a0" "$a1" "$s0" "$s1" "$t0" "$t1" "$N" "$(getconf CLK_TCK)" <<'PY'
+python3 - "$a0" "$a1" "$s0" "$s1" "$t0" "$t1" "$N" "$(getconf CLK_TCK)" "$i0" "$i1" <<'PY'
 import sys
-a0, a1, s0, s1, t0, t1, n, tck = map(float, sys.argv[1:])
+a0, a1, s0, s1, t0, t1, n, tck, i0, i1 = map(float, sys.argv[1:])
 agent = (a1 - a0) / 1e9
+idle = (i1 - i0) / 1e9 / 5
 print(f"load {t1 - t0:.1f} s; agent {agent:.3f} s of CPU = {agent / n * 1000:.3f} ms per request; "
       f"API server {(s1 - s0) / tck:.2f} s of CPU")
+above = agent - idle * (t1 - t0)
+print(f"agent idle {idle * 1e6:.0f} us of CPU per second; above that rate over the load: "
+      f"{above / n * 1000:.3f} ms per request")
 PY
 echo "kernel programs (all processes):"
 join "$OUT/before" "$OUT/after" | awk '{ms = ($5 - $2) / 1e6; runs = $6 - $3;
