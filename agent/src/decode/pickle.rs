@@ -351,8 +351,8 @@ pub fn parse_with<'a>(
 ) -> Result<Pickle<'a>, PickleError> {
     let mut m = Machine::new(data, buffers, std::mem::take(scratch));
     let top = m.run();
-    scratch.stack = std::mem::take(&mut m.stack);
-    scratch.memo = std::mem::take(&mut m.memo);
+    scratch.stack = kept(std::mem::take(&mut m.stack));
+    scratch.memo = kept(std::mem::take(&mut m.memo));
     match top {
         Ok(top) => Ok(Pickle {
             data,
@@ -377,28 +377,25 @@ pub struct Scratch {
     memo: Vec<usize>,
 }
 
-/// Buffers of more than this (bytes, all together) are not kept: one huge message does not
-/// pin its memory. SGLang's messages of a few kilobytes take a few tens.
-const MAX_KEPT_BYTES: usize = 1 << 20;
+/// A buffer of more than this (bytes) is not kept: one huge message does not pin its memory.
+/// SGLang's messages of a few kilobytes take a few tens in all.
+const MAX_KEPT_BYTES: usize = 256 << 10;
 
 impl Scratch {
     /// Keep a finished tree's buffers, emptied, for the next parse.
     fn keep(&mut self, tree: Tree<'_>) {
-        let bytes = tree.nodes.capacity() * std::mem::size_of::<Node>()
-            + tree.floats.capacity() * 8
-            + tree.items.capacity() * 8
-            + tree.pairs.capacity() * 16;
-        if bytes > MAX_KEPT_BYTES {
-            return;
-        }
-        self.nodes = unborrowed(tree.nodes);
-        self.floats = emptied(tree.floats);
-        self.items = emptied(tree.items);
-        self.pairs = emptied(tree.pairs);
+        self.nodes = unborrowed(kept(tree.nodes));
+        self.floats = kept(tree.floats);
+        self.items = kept(tree.items);
+        self.pairs = kept(tree.pairs);
     }
 }
 
-fn emptied<T>(mut v: Vec<T>) -> Vec<T> {
+/// The buffer, emptied, or none when it is too large to keep ([`MAX_KEPT_BYTES`]).
+fn kept<T>(mut v: Vec<T>) -> Vec<T> {
+    if v.capacity().saturating_mul(std::mem::size_of::<T>()) > MAX_KEPT_BYTES {
+        return Vec::new();
+    }
     v.clear();
     v
 }
@@ -671,8 +668,8 @@ impl<'a> Machine<'a> {
                 items: with(scratch.items, data.len() / 8),
                 pairs: with(scratch.pairs, data.len() / 32),
             },
-            stack: with(emptied(scratch.stack), 64),
-            memo: with(emptied(scratch.memo), data.len() / 8),
+            stack: with(scratch.stack, 64),
+            memo: with(scratch.memo, data.len() / 8),
             memo_elsewhere: HashMap::new(),
             buffers,
             next_buffer: 0,
@@ -1374,11 +1371,13 @@ mod tests {
         assert!(parse_with(&mut scratch, &data[..data.len() - 3], &[]).is_err());
         assert_eq!(scratch.nodes.as_ptr(), nodes);
         assert!(scratch.stack.capacity() > 0 && scratch.memo.capacity() > 0);
-        // Huge buffers are let go.
+        // Huge buffers are let go, the machine's stack and memo as the tree's.
         let mut huge = Scratch::default();
         let big = [&[0x80, 5, b']'][..], &vec![b'N'; 200_000], b"."].concat();
         let _ = parse_with(&mut huge, &big, &[]).map(|p| p.recycle(&mut huge));
         assert_eq!(huge.nodes.capacity(), 0);
+        assert_eq!(huge.stack.capacity(), 0, "200,000 values were stacked");
+        assert!(huge.memo.capacity() > 0, "a buffer under the bound is kept");
     }
 
     #[test]
