@@ -56,7 +56,8 @@ sleep 4
 if [ "$WARMUP" -gt 0 ]; then serve "$WARMUP" >/dev/null; fi
 # The attached agent's CPU while the engine is idle (its timers, Python sampling): the
 # measured window below also holds the benchmark client's start, tens of seconds for SGLang's.
-i0=$(cpu_ns $AGENT_PID); sleep 5; i1=$(cpu_ns $AGENT_PID)
+IDLE_S=5
+i0=$(cpu_ns $AGENT_PID); sleep $IDLE_S; i1=$(cpu_ns $AGENT_PID)
 prog_stats | sort >"$OUT/before"
 a0=$(cpu_ns $AGENT_PID); s0=$(cpu_ticks "$PID"); t0=$(date +%s.%N)
 if [ "$PERF" = 1 ]; then
@@ -69,11 +70,11 @@ if [ "$PERF" = 1 ]; then kill -INT $PERF_PID; wait $PERF_PID || true; fi
 prog_stats | sort >"$OUT/after"
 kill -TERM $AGENT_PID; wait $AGENT_PID || true
 sysctl -qw kernel.bpf_stats_enabled=0
-python3 - "$a0" "$a1" "$s0" "$s1" "$t0" "$t1" "$N" "$(getconf CLK_TCK)" "$i0" "$i1" <<'PY'
+python3 - "$a0" "$a1" "$s0" "$s1" "$t0" "$t1" "$N" "$(getconf CLK_TCK)" "$i0" "$i1" "$IDLE_S" <<'PY'
 import sys
-a0, a1, s0, s1, t0, t1, n, tck, i0, i1 = map(float, sys.argv[1:])
+a0, a1, s0, s1, t0, t1, n, tck, i0, i1, idle_s = map(float, sys.argv[1:])
 agent = (a1 - a0) / 1e9
-idle = (i1 - i0) / 1e9 / 5
+idle = (i1 - i0) / 1e9 / idle_s
 print(f"load {t1 - t0:.1f} s; agent {agent:.3f} s of CPU = {agent / n * 1000:.3f} ms per request; "
       f"API server {(s1 - s0) / tck:.2f} s of CPU")
 above = agent - idle * (t1 - t0)
