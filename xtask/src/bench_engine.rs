@@ -11,6 +11,12 @@
 //! TTFT and the API server's own CPU during the load (where the kernel programs' cost lands),
 //! and of the traced runs: the agent's CPU per request during the load (attach excluded),
 //! its peak RSS and the records per request (from its summary line).
+//!
+//! The load is the benchmark's own duration. The measured window also holds the client's
+//! start and end (Python imports and tokenizer loading: tens of seconds for SGLang's client,
+//! whose 256 requests take 14-31 s here), when the attached agent runs at its idle rate
+//! (timers, Python sampling), measured for a few seconds before each traced run: that rate
+//! over the part of the window outside the benchmark is not counted (`load_cpu_seconds`).
 use std::{
     io::Read,
     path::{Path, PathBuf},
@@ -34,6 +40,10 @@ pub struct BenchOptions {
 }
 
 struct RunResult {
+    /// The benchmark's own duration (its first request to its last response), seconds.
+    duration_s: f64,
+    /// The measured window (the client's start to its exit), seconds.
+    window_s: f64,
     output_tokens_per_s: f64,
     mean_ttft_ms: f64,
     median_ttft_ms: f64,
@@ -43,8 +53,12 @@ struct RunResult {
 
 /// What the agent used during one traced run.
 struct AgentUsage {
-    /// CPU seconds during the load (from just before the benchmark to its end).
+    /// CPU seconds during the load (`load_cpu_seconds`).
     load_cpu_s: f64,
+    /// CPU seconds over the whole window (the client's start to its exit).
+    window_cpu_s: f64,
+    /// CPU seconds a second while attached to the idle engine.
+    idle_cpu_per_s: f64,
     peak_rss_kib: f64,
     records: f64,
     requests: f64,
@@ -66,6 +80,8 @@ pub struct Figures {
     mean_ttft: Spread,
     server_cpu: Spread,
     agent_ms_per_request: Spread,
+    /// Over the whole window, as rounds before the eighteenth measured it.
+    agent_window_ms_per_request: Spread,
     peak_rss_mib: f64,
     records_per_request: f64,
 }
@@ -108,12 +124,13 @@ pub fn bench_overhead(engines: &[Engine], options: &BenchOptions) -> anyhow::Res
     for f in &all {
         println!(
             "{}: throughput {}, mean TTFT {}, API server CPU {}; agent {} ms CPU per request \
-             during the load, peak RSS {:.1} MiB, {:.1} records per request",
+             during the load ({} over the window), peak RSS {:.1} MiB, {:.1} records per request",
             f.engine.title(),
             f.throughput,
             f.mean_ttft,
             f.server_cpu,
             f.agent_ms_per_request,
+            f.agent_window_ms_per_request,
             f.peak_rss_mib,
             f.records_per_request
         );
@@ -168,7 +185,8 @@ fn measure(agent: &Path, bench: &Bench, options: &BenchOptions) -> anyhow::Resul
         }
         println!(
             "run {}: without {:.1} tok/s ttft mean {:.2} ms server {:.2} s CPU | with {:.1} \
-             tok/s ttft mean {:.2} ms server {:.2} s CPU; agent {:.3} s CPU during the load, \
+             tok/s ttft mean {:.2} ms server {:.2} s CPU; benchmark {:.1} s of a {:.1} s window; \
+             agent {:.3} s CPU in the window, idle {:.0} us/s, {:.3} s during the load, \
              peak RSS {:.0} KiB, {:.0} records, {:.0} requests traced",
             i + 1,
             without[i].output_tokens_per_s,
@@ -177,6 +195,10 @@ fn measure(agent: &Path, bench: &Bench, options: &BenchOptions) -> anyhow::Resul
             with[i].output_tokens_per_s,
             with[i].mean_ttft_ms,
             with[i].server_cpu_s,
+            with[i].duration_s,
+            with[i].window_s,
+            used.window_cpu_s,
+            used.idle_cpu_per_s * 1e6,
             used.load_cpu_s,
             used.peak_rss_kib,
             used.records,
@@ -201,6 +223,12 @@ fn measure(agent: &Path, bench: &Bench, options: &BenchOptions) -> anyhow::Resul
             usage
                 .iter()
                 .map(|u| 1000.0 * u.load_cpu_s / u.requests)
+                .collect(),
+        ),
+        agent_window_ms_per_request: Spread::of(
+            usage
+                .iter()
+                .map(|u| 1000.0 * u.window_cpu_s / u.requests)
                 .collect(),
         ),
         peak_rss_mib: usage.iter().map(|u| u.peak_rss_kib).fold(0.0, f64::max) / 1024.0,
@@ -241,11 +269,24 @@ fn measure(agent: &Path, bench: &Bench, options: &BenchOptions) -> anyhow::Resul
         figures.server_cpu
     );
     println!(
-        "agent per traced run: {} ms CPU per request during the load, peak RSS {:.1} MiB, \
-         {:.1} records per request",
-        figures.agent_ms_per_request, figures.peak_rss_mib, figures.records_per_request
+        "agent per traced run: {} ms CPU per request during the load ({} over the window), \
+         peak RSS {:.1} MiB, {:.1} records per request",
+        figures.agent_ms_per_request,
+        figures.agent_window_ms_per_request,
+        figures.peak_rss_mib,
+        figures.records_per_request
     );
     Ok(figures)
+}
+
+/// How long the attached agent's idle rate is measured before a traced run.
+const IDLE_MEASURE: Duration = Duration::from_secs(5);
+
+/// The agent's CPU seconds during the benchmark itself: its CPU over the window less its idle
+/// rate over the part of the window outside the benchmark (the client's start and exit).
+fn load_cpu_seconds(window_cpu_s: f64, idle_cpu_per_s: f64, window_s: f64, duration_s: f64) -> f64 {
+    let outside_s = (window_s - duration_s).max(0.0);
+    (window_cpu_s - idle_cpu_per_s * outside_s).max(0.0)
 }
 
 /// CPU seconds (user + system) a process has used, from /proc/PID/stat.
@@ -321,9 +362,12 @@ impl Bench {
             .spawn()
             .context("starting infertrace")?;
         wait_attached(&mut child)?;
+        let idle_start = threads_cpu_seconds(child.id())?;
+        thread::sleep(IDLE_MEASURE);
         let before = threads_cpu_seconds(child.id())?;
+        let idle_cpu_per_s = (before - idle_start) / IDLE_MEASURE.as_secs_f64();
         let result = self.serve(num_prompts, seed)?;
-        let load_cpu_s = threads_cpu_seconds(child.id())? - before;
+        let window_cpu_s = threads_cpu_seconds(child.id())? - before;
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status();
@@ -342,7 +386,14 @@ impl Bench {
             .with_context(|| format!("no summary line from infertrace: {summary}"))?;
         let number = |suffix: &str| number_before(summary, suffix).unwrap_or(f64::NAN);
         let usage = AgentUsage {
-            load_cpu_s,
+            load_cpu_s: load_cpu_seconds(
+                window_cpu_s,
+                idle_cpu_per_s,
+                result.window_s,
+                result.duration_s,
+            ),
+            window_cpu_s,
+            idle_cpu_per_s,
             peak_rss_kib: number(" KiB"),
             records: number(" records"),
             requests: number(" requests traced"),
@@ -353,6 +404,7 @@ impl Bench {
     /// One run of the engine's serving benchmark against the tiny model: its result.
     fn serve(&self, num_prompts: u32, seed: u64) -> anyhow::Result<RunResult> {
         let cpu_before = cpu_seconds(self.pid)?;
+        let started = Instant::now();
         let dir = std::env::temp_dir().join("infertrace-bench");
         std::fs::create_dir_all(&dir)?;
         let file = dir.join(format!("run-{}.json", std::process::id()));
@@ -420,6 +472,8 @@ impl Bench {
         };
         let server_cpu_s = cpu_seconds(self.pid)? - cpu_before;
         Ok(RunResult {
+            duration_s: get("duration")?,
+            window_s: started.elapsed().as_secs_f64(),
             server_cpu_s,
             output_tokens_per_s: get("output_throughput")?,
             mean_ttft_ms: get("mean_ttft_ms")?,
@@ -453,5 +507,17 @@ mod tests {
         }
         let after = threads_cpu_seconds(pid).expect("schedstat");
         assert!(after - before >= 0.05, "{before} s -> {after} s");
+    }
+
+    #[test]
+    fn the_idle_rate_outside_the_benchmark_is_not_counted() {
+        // 0.12 s over an 80 s window at 0.2 ms/s idle, the benchmark 30 s of it: 0.01 s was
+        // the idle rate over the 50 s outside.
+        let during = load_cpu_seconds(0.12, 0.0002, 80.0, 30.0);
+        assert!((during - 0.11).abs() < 1e-9, "{during}");
+        // A benchmark reported longer than the window (clocks apart): nothing taken off.
+        assert_eq!(load_cpu_seconds(0.12, 0.0002, 30.0, 31.0), 0.12);
+        // An idle rate above what the window used: never below nothing.
+        assert_eq!(load_cpu_seconds(0.001, 0.01, 80.0, 30.0), 0.0);
     }
 }
