@@ -29,6 +29,9 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # The agent's CPU in nanoseconds (its threads' run time; they live as long as it does): its
 # 10 ms ticks were +-15 % of a 256-request load's 0.06-0.09 s.
 cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{ns += $1} END {printf "%.0f\n", ns}'; }
+# Offline, as bench-overhead runs the clients: without it each client waits tens of seconds
+# for the model hub, which this machine cannot reach, inside the measured window.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 serve() {
   local n=${1:-$N}
   local common=(--model tiny --tokenizer "$HOME_DIR/tiny-llama" --base-url "http://127.0.0.1:$PORT"
@@ -55,7 +58,7 @@ trap 'kill -TERM $AGENT_PID 2>/dev/null || true' EXIT
 sleep 4
 if [ "$WARMUP" -gt 0 ]; then serve "$WARMUP" >/dev/null; fi
 # The attached agent's CPU while the engine is idle (its timers, Python sampling): the
-# measured window below also holds the benchmark client's start, tens of seconds for SGLang's.
+# measured window below also holds the benchmark client's start, some 13 s for SGLang's here.
 IDLE_S=5
 i0=$(cpu_ns $AGENT_PID); sleep $IDLE_S; i1=$(cpu_ns $AGENT_PID)
 prog_stats | sort >"$OUT/before"
