@@ -13,8 +13,8 @@
 //! its peak RSS and the records per request (from its summary line).
 //!
 //! The load is the benchmark's own duration. The measured window also holds the client's
-//! start and end (Python imports and tokenizer loading: tens of seconds for SGLang's client,
-//! whose 256 requests take 14-31 s here), when the attached agent runs at its idle rate
+//! start and end (Python imports and tokenizer loading: some 13 s for SGLang's client, whose
+//! 256 requests take 14-15 s here), when the attached agent runs at its idle rate
 //! (timers, Python sampling), measured for a few seconds before each traced run: that rate
 //! over the part of the window outside the benchmark is not counted (`load_cpu_seconds`).
 use std::{
