@@ -8,8 +8,9 @@
 #
 # Attaches BIN (default target/release/infertrace) with --output none (and AGENT_FLAGS), waits for it to settle,
 # runs the engine's own serving benchmark (N streamed requests, 256 tokens in, 64 out) and
-# prints the agent's CPU per request during the load (and above its idle rate, measured for 5 s
-# before: the load's window holds the benchmark client's start), the API server's CPU, and the runs and
+# prints the agent's CPU per request over the load's window and during the benchmark itself (as
+# `cargo xtask bench-overhead` counts it: its idle rate, measured for 5 s before, left out over
+# the client's start and exit), the API server's CPU, and the runs and
 # time of each kernel program (kernel.bpf_stats_enabled). WARMUP=M first runs a load of M
 # requests with the agent attached, not measured: what an agent that has run a while costs
 # (the Python code objects and stacks it names once are named by then). PERF=1 also records the agent with
@@ -67,22 +68,25 @@ if [ "$PERF" = 1 ]; then
   perf record -F "$FREQ" --call-graph dwarf,16384 -o "$OUT/perf.data" -p $AGENT_PID 2>/dev/null &
   PERF_PID=$!
 fi
-serve
+serve | tee "$OUT/serve.txt"
 a1=$(cpu_ns $AGENT_PID); s1=$(cpu_ticks "$PID"); t1=$(date +%s.%N)
 if [ "$PERF" = 1 ]; then kill -INT $PERF_PID; wait $PERF_PID || true; fi
 prog_stats | sort >"$OUT/after"
 kill -TERM $AGENT_PID; wait $AGENT_PID || true
 sysctl -qw kernel.bpf_stats_enabled=0
-python3 - "$a0" "$a1" "$s0" "$s1" "$t0" "$t1" "$N" "$(getconf CLK_TCK)" "$i0" "$i1" "$IDLE_S" <<'PY'
+bench_s=$(awk '/Benchmark duration/ {print $NF}' "$OUT/serve.txt")
+python3 - "$a0" "$a1" "$s0" "$s1" "$t0" "$t1" "$N" "$(getconf CLK_TCK)" "$i0" "$i1" "$IDLE_S" "${bench_s:-nan}" <<'PY'
 import sys
-a0, a1, s0, s1, t0, t1, n, tck, i0, i1, idle_s = map(float, sys.argv[1:])
+a0, a1, s0, s1, t0, t1, n, tck, i0, i1, idle_s, bench_s = map(float, sys.argv[1:])
 agent = (a1 - a0) / 1e9
 idle = (i1 - i0) / 1e9 / idle_s
 print(f"load {t1 - t0:.1f} s; agent {agent:.3f} s of CPU = {agent / n * 1000:.3f} ms per request; "
       f"API server {(s1 - s0) / tck:.2f} s of CPU")
-above = agent - idle * (t1 - t0)
-print(f"agent idle {idle * 1e6:.0f} us of CPU per second; above that rate over the load: "
-      f"{above / n * 1000:.3f} ms per request")
+# As bench-overhead's load_cpu_seconds (xtask/src/bench_engine.rs).
+outside = max(t1 - t0 - bench_s, 0.0)
+during = max(agent - idle * outside, 0.0)
+print(f"agent idle {idle * 1e6:.0f} us of CPU per second; during the benchmark ({bench_s:.1f} s, "
+      f"its idle rate left out over the other {outside:.1f} s): {during / n * 1000:.3f} ms per request")
 PY
 echo "kernel programs (all processes):"
 join "$OUT/before" "$OUT/after" | awk '{ms = ($5 - $2) / 1e6; runs = $6 - $3;
